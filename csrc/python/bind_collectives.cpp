@@ -1,0 +1,131 @@
+// Bindings: the flow model and timed collectives.
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "sim/collective.h"
+#include "sim/platform_topology.h"
+
+namespace py = pybind11;
+using namespace zion::sim;
+
+namespace {
+
+CollectiveSettings settings_from_dict(const py::dict& d) {
+  CollectiveSettings s;
+  auto get = [&](const char* key, auto fallback) {
+    return d.contains(key) ? d[key].cast<decltype(fallback)>() : fallback;
+  };
+  s.base_latency = get("base_latency_s", 0.0);
+  s.pipeline_chunks = get("pipeline_chunks", 1);
+  s.astra.endpoint_delay = get("endpoint_delay_s", 0.0);
+  s.astra.preferred_dataset_splits = get("preferred_dataset_splits", 1);
+  s.astra.active_chunks_per_dimension = get("active_chunks_per_dimension", 1);
+  s.local_memory_bandwidth = get("local_memory_bandwidth_bytes_per_s", 0.0);
+  s.default_algorithm = parse_algorithm(get("algorithm", std::string("auto")));
+  for (const auto& name : get("level_algorithms", std::vector<std::string>{})) s.level_algorithms.push_back(parse_algorithm(name));
+  for (auto item : d) {
+    static const std::vector<std::string> known = {"base_latency_s", "pipeline_chunks", "endpoint_delay_s", "preferred_dataset_splits",
+                                                   "active_chunks_per_dimension", "local_memory_bandwidth_bytes_per_s",
+                                                   "algorithm", "level_algorithms"};
+    auto key = item.first.cast<std::string>();
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      throw py::value_error("unknown collective setting '" + key + "'");
+    }
+  }
+  if (s.pipeline_chunks < 1 || s.astra.preferred_dataset_splits < 1 || s.astra.active_chunks_per_dimension < 1) {
+    throw py::value_error("pipeline_chunks, preferred_dataset_splits and active_chunks_per_dimension must be >= 1");
+  }
+  return s;
+}
+
+}  // namespace
+
+void bind_collectives(py::module_& sim) {
+  py::class_<CollectiveResult>(sim, "CollectiveResult")
+      .def_readonly("time", &CollectiveResult::time, "seconds")
+      .def_readonly("algbw", &CollectiveResult::algbw, "bytes per second")
+      .def_readonly("busbw", &CollectiveResult::busbw, "bytes per second")
+      .def_property_readonly("algorithm", [](const CollectiveResult& r) { return algorithm_name(r.algorithm); })
+      .def_readonly("closed_form", &CollectiveResult::closed_form)
+      .def_readonly("transfers", &CollectiveResult::transfers)
+      .def("__repr__", [](const CollectiveResult& r) {
+        return "<CollectiveResult " + std::string(algorithm_name(r.algorithm)) + " time=" + std::to_string(r.time * 1e6) + "us busbw=" +
+               std::to_string(r.busbw / 1e9) + "GB/s>";
+      });
+
+  py::class_<CollectiveModel, std::shared_ptr<CollectiveModel>>(sim, "CollectiveModel",
+                                                               "Times collectives among devices of a platform or topology")
+      .def(py::init<const Platform&>(), py::arg("platform"))
+      .def(py::init([](const std::shared_ptr<Topology>& topology, const std::vector<int>& level_sizes, const py::dict& settings) {
+             return std::make_shared<CollectiveModel>(topology, level_sizes, settings_from_dict(settings));
+           }),
+           py::arg("topology"), py::arg("level_sizes"), py::arg("settings") = py::dict())
+      .def_property_readonly("topology", [](const CollectiveModel& m) { return std::const_pointer_cast<Topology>(m.shared_topology()); })
+      .def_property_readonly("device_count", &CollectiveModel::device_count)
+      .def("device_vertex", &CollectiveModel::device_vertex, py::arg("device"))
+      .def("run",
+           [](const CollectiveModel& m, const std::string& op, double bytes, const std::vector<int>& devices,
+              const std::string& algorithm, const std::string& mode, int root,
+              const std::vector<std::vector<double>>& all_to_all_bytes, bool force_simulation) {
+             CollectiveRequest r;
+             r.op = parse_collective_op(op);
+             r.bytes = bytes;
+             r.devices = devices;
+             r.algorithm = parse_algorithm(algorithm);
+             r.mode = parse_link_mode(mode);
+             r.root = root;
+             r.all_to_all_bytes = all_to_all_bytes;
+             r.force_simulation = force_simulation;
+             py::gil_scoped_release release;
+             return m.run(r);
+           },
+           py::arg("op"), py::arg("bytes"), py::arg("devices"), py::arg("algorithm") = "auto", py::arg("mode") = "fair",
+           py::arg("root") = 0, py::arg("all_to_all_bytes") = std::vector<std::vector<double>>{},
+           py::arg("force_simulation") = false);
+
+  sim.def("bus_bandwidth_factor", [](const std::string& op, int n) { return bus_bandwidth_factor(parse_collective_op(op), n); },
+          py::arg("op"), py::arg("ranks"));
+  sim.def("algorithm_names", [] {
+    std::vector<std::string> out{"auto"};
+    for (Algorithm a : concrete_algorithms()) out.push_back(algorithm_name(a));
+    return out;
+  });
+
+  sim.def("simulate_transfers",
+          [](const std::shared_ptr<Topology>& t, const std::vector<py::dict>& transfers, const std::string& mode,
+             double endpoint_delay_s, double local_memory_bandwidth) {
+            std::vector<Transfer> list;
+            for (const auto& d : transfers) {
+              Transfer tr;
+              tr.src = d["src"].cast<int>();
+              tr.dst = d["dst"].cast<int>();
+              tr.bytes = d["bytes"].cast<double>();
+              if (d.contains("deps")) tr.deps = d["deps"].cast<std::vector<int>>();
+              if (d.contains("not_before")) tr.not_before = d["not_before"].cast<double>();
+              if (d.contains("reduce_bytes")) tr.reduce_bytes = d["reduce_bytes"].cast<double>();
+              int n = static_cast<int>(t->vertices().size());
+              if (tr.src < 0 || tr.dst < 0 || tr.src >= n || tr.dst >= n || tr.src == tr.dst) {
+                throw py::value_error("transfer endpoints must be two different vertices in 0.." + std::to_string(n - 1));
+              }
+              list.push_back(std::move(tr));
+            }
+            LinkMode m = parse_link_mode(mode);
+            SimulationResult r;
+            {
+              py::gil_scoped_release release;
+              r = simulate(*t, list, m, {endpoint_delay_s, local_memory_bandwidth});
+            }
+            py::dict out;
+            py::list times;
+            for (const auto& x : r.timings) times.append(py::make_tuple(x.start, x.end));
+            out["timings"] = times;
+            out["makespan"] = r.makespan;
+            out["link_bytes"] = r.link_bytes;
+            out["rate_updates"] = r.rate_updates;
+            return out;
+          },
+          py::arg("topology"), py::arg("transfers"), py::arg("mode") = "fair", py::arg("endpoint_delay_s") = 0.0,
+          py::arg("local_memory_bandwidth_bytes_per_s") = 0.0,
+          "transfers: dicts with src, dst (vertex ids), bytes, and optional deps, not_before, reduce_bytes");
+}

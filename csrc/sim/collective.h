@@ -1,0 +1,110 @@
+#pragma once
+// Timed collectives: how long an all-reduce, all-to-all, ... of a given size
+// takes among given devices, by a given algorithm, under a given link model.
+//
+// Sizes follow nccl-tests: `bytes` is the per-rank buffer of all_reduce,
+// broadcast and reduce, the per-rank input of reduce_scatter and all_to_all,
+// and the per-rank output of all_gather. Results carry algbw = bytes / time
+// and busbw = algbw x the nccl-tests factor of the operation.
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "flow_model.h"
+#include "platform.h"
+#include "topology.h"
+
+namespace zion::sim {
+
+enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kReduce, kSendRecv };
+enum class Algorithm { kAuto, kRing, kDirect, kHalvingDoubling, kDoubleBinaryTree, kHierarchical, kInSwitch };
+
+const char* collective_op_name(CollectiveOp op);
+CollectiveOp parse_collective_op(const std::string& name);  // throws std::invalid_argument naming the allowed
+const char* algorithm_name(Algorithm a);
+Algorithm parse_algorithm(const std::string& name);
+const std::vector<Algorithm>& concrete_algorithms();  // every algorithm but kAuto
+
+// nccl-tests bus-bandwidth factor: all_reduce 2(n-1)/n; reduce_scatter,
+// all_gather, all_to_all (n-1)/n; broadcast, reduce, send/recv 1.
+double bus_bandwidth_factor(CollectiveOp op, int ranks);
+
+struct CollectiveRequest {
+  CollectiveOp op = CollectiveOp::kAllReduce;
+  double bytes = 0;
+  std::vector<int> devices;  // global device ids; for send/recv: {sender, receiver}
+  Algorithm algorithm = Algorithm::kAuto;
+  LinkMode mode = LinkMode::kFair;
+  int root = 0;  // index into `devices`, for broadcast and reduce
+  // all_to_all with uneven sizes: matrix[i][j] = bytes devices[i] sends to
+  // devices[j]. Empty: every pair gets bytes / n.
+  std::vector<std::vector<double>> all_to_all_bytes;
+  // Always simulate step by step, even where a closed form applies (tests
+  // compare the two).
+  bool force_simulation = false;
+};
+
+struct CollectiveResult {
+  Seconds time = 0;
+  double algbw = 0;  // bytes per second
+  double busbw = 0;
+  Algorithm algorithm = Algorithm::kAuto;
+  bool closed_form = false;
+  int transfers = 0;  // transfers simulated (0 on the closed-form path)
+};
+
+// How collectives are run on a topology, besides the topology itself.
+struct CollectiveSettings {
+  Seconds base_latency = 0;
+  int pipeline_chunks = 1;
+  AstraSpec astra;
+  BytesPerSecond local_memory_bandwidth = 0;  // for ASTRA's reduction cost
+  double in_switch_efficiency = 1.0;
+  bool in_switch_reduction = false;
+  Algorithm default_algorithm = Algorithm::kAuto;
+  // Per hierarchy level (innermost first): the algorithm used inside that
+  // level by kHierarchical (kAuto: the fastest).
+  std::vector<Algorithm> level_algorithms;
+};
+
+class CollectiveModel {
+ public:
+  // A platform: devices are its OAMs, node-major; level 0 is the node's
+  // accelerator fabric, level 1 the scale-out network.
+  explicit CollectiveModel(const Platform& platform);
+  // A topology of NPUs with `level_sizes` (mixed radix, innermost first), as
+  // ASTRA-sim's multi-dimensional networks; device i is vertex i.
+  CollectiveModel(std::shared_ptr<const Topology> topology, std::vector<int> level_sizes, CollectiveSettings settings);
+
+  CollectiveResult run(const CollectiveRequest& request) const;
+  Seconds time(const CollectiveRequest& request) const { return run(request).time; }
+
+  const Topology& topology() const { return *topology_; }
+  std::shared_ptr<const Topology> shared_topology() const { return topology_; }
+  const CollectiveSettings& settings() const { return settings_; }
+  int device_count() const { return static_cast<int>(device_vertex_.size()); }
+  int device_vertex(int device) const;
+
+  struct Internals;
+
+ private:
+  CollectiveResult compute(const CollectiveRequest& request) const;
+  void validate(const CollectiveRequest& request) const;
+
+  std::shared_ptr<const Topology> topology_;
+  CollectiveSettings settings_;
+  std::vector<int> device_vertex_;
+  std::vector<std::vector<int>> device_coords_;  // [device][level]
+  std::vector<int> level_sizes_;
+  std::vector<int> fabric_switch_of_node_;  // -1 where the fabric has no switch
+  int devices_per_node_ = 0;
+
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, CollectiveResult> cache_;
+};
+
+}  // namespace zion::sim

@@ -1,0 +1,142 @@
+#include "collective_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace zion::sim {
+namespace {
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
+
+// One step alone: every sub-flow (a flow's share of one of its route's
+// paths) gets min over its links of bandwidth / sub-flows on that link. When
+// all sub-flows get the same rate, have the same size and latency, that is
+// exactly the max-min fair allocation and the step lasts latency + size/rate.
+std::optional<Seconds> step_time(const PlanStep& step, const Topology& t, LinkMode mode, const AstraParams& astra,
+                                 std::vector<int>& users) {
+  struct Sub {
+    const Path* path;
+    double bytes;
+    double reduce;
+  };
+  std::vector<Sub> subs;
+  subs.reserve(step.flows.size());
+  for (const PlanFlow& f : step.flows) {
+    const Route& r = t.route(f.src, f.dst);
+    double share = f.bytes / static_cast<double>(r.paths.size());
+    for (const Path& p : r.paths) subs.push_back({&p, share, f.reduce_bytes});
+  }
+  if (subs.empty()) return 0.0;
+  std::vector<int> touched;
+  for (const Sub& s : subs) {
+    for (int l : s.path->links) {
+      if (users[l]++ == 0) touched.push_back(l);
+    }
+  }
+  std::optional<Seconds> result;
+  double rate0 = -1, bytes0 = subs[0].bytes, latency0 = subs[0].path->latency, reduce0 = subs[0].reduce;
+  bool uniform = true;
+  for (const Sub& s : subs) {
+    double rate = std::numeric_limits<double>::infinity();
+    bool shared = false;
+    for (int l : s.path->links) {
+      const Link& link = t.links()[l];
+      double r = mode == LinkMode::kFair ? link.bandwidth / users[l] : link.bandwidth;
+      rate = std::min(rate, r);
+      shared = shared || users[l] > 1;
+    }
+    if (mode == LinkMode::kAstra && shared) uniform = false;  // FIFO queueing: simulate
+    if (rate0 < 0) rate0 = rate;
+    if (!close(rate, rate0) || !close(s.bytes, bytes0) || !close(s.path->latency, latency0) ||
+        (mode == LinkMode::kAstra && !close(s.reduce, reduce0))) {
+      uniform = false;
+    }
+    if (!uniform) break;
+  }
+  if (uniform) {
+    if (mode == LinkMode::kAstra) {
+      // Every sub-flow has its own links; they take the same hop times.
+      Seconds worst = 0;
+      for (const Sub& s : subs) {
+        Seconds tsum = 0;
+        for (int l : s.path->links) tsum += astra_link_time(t.links()[l], s.bytes);
+        worst = std::max(worst, tsum);
+      }
+      result = worst + astra.endpoint_delay + astra_reduction_time(astra, reduce0);
+    } else {
+      result = latency0 + bytes0 / rate0;
+    }
+  }
+  for (int l : touched) users[l] = 0;
+  return result;
+}
+
+}  // namespace
+
+void append_plan(Plan& into, const Plan& phase) { into.insert(into.end(), phase.begin(), phase.end()); }
+
+Plan merge_parallel(const std::vector<Plan>& groups) {
+  if (groups.empty()) return {};
+  Plan out = groups.front();
+  for (size_t g = 1; g < groups.size(); ++g) {
+    if (groups[g].size() != out.size()) throw std::logic_error("parallel groups have plans of different shapes");
+    for (size_t s = 0; s < out.size(); ++s) {
+      if (groups[g][s].repeat != out[s].repeat) throw std::logic_error("parallel groups repeat steps differently");
+      out[s].flows.insert(out[s].flows.end(), groups[g][s].flows.begin(), groups[g][s].flows.end());
+    }
+  }
+  return out;
+}
+
+size_t unrolled_flow_count(const Plan& plan) {
+  size_t n = 0;
+  for (const PlanStep& s : plan) n += s.flows.size() * static_cast<size_t>(s.repeat);
+  return n;
+}
+
+std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+  std::vector<int> users(t.links().size(), 0);
+  Seconds total = 0;
+  for (const PlanStep& step : plan) {
+    auto st = step_time(step, t, mode, astra, users);
+    if (!st) return std::nullopt;
+    total += *st * step.repeat;
+  }
+  return total;
+}
+
+Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra, int copies,
+                      int* transfers) {
+  std::vector<Transfer> flat;
+  flat.reserve(unrolled_flow_count(plan) * static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    // For each vertex, the transfers of the last step it took part in.
+    std::unordered_map<int, std::vector<int>> last;
+    for (const PlanStep& step : plan) {
+      for (int r = 0; r < step.repeat; ++r) {
+        std::unordered_map<int, std::vector<int>> now;
+        for (const PlanFlow& f : step.flows) {
+          Transfer tr;
+          tr.src = f.src;
+          tr.dst = f.dst;
+          tr.bytes = f.bytes;
+          tr.reduce_bytes = f.reduce_bytes;
+          if (auto it = last.find(f.src); it != last.end()) tr.deps = it->second;
+          int id = static_cast<int>(flat.size());
+          flat.push_back(std::move(tr));
+          now[f.src].push_back(id);
+          now[f.dst].push_back(id);
+        }
+        for (auto& [v, ids] : now) last[v] = std::move(ids);
+      }
+    }
+  }
+  if (transfers) *transfers = static_cast<int>(flat.size());
+  if (flat.empty()) return 0;
+  return simulate(t, flat, mode, astra).makespan;
+}
+
+}  // namespace zion::sim

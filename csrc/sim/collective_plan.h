@@ -1,0 +1,65 @@
+#pragma once
+// A collective algorithm as a plan: a sequence of steps, each a set of
+// point-to-point flows that run at once, possibly repeated. A plan is timed
+// either in closed form (when every step is symmetric: all flows the same
+// size, latency and fair-share rate, so a step lasts latency + bytes / rate)
+// or step by step in the flow model, where a rank's flows of one step wait
+// for everything that rank sent and received in its previous step.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collective.h"
+
+namespace zion::sim {
+
+struct PlanFlow {
+  int src;  // vertices
+  int dst;
+  double bytes;
+  double reduce_bytes = 0;  // reduced by the receiver (ASTRA prices it)
+};
+
+struct PlanStep {
+  std::vector<PlanFlow> flows;
+  int repeat = 1;
+};
+
+using Plan = std::vector<PlanStep>;
+
+struct PlanContext {
+  const Topology& topology;
+  std::vector<int> vertices;  // participants, in rank order
+  int root = 0;               // index into vertices
+  int pipeline_chunks = 1;
+  bool bidirectional = true;  // rings run both ways, half the data each
+  double in_switch_efficiency = 1.0;
+  int fabric_switch = -1;  // vertex of the switch joining all participants, or -1
+  const std::vector<std::vector<double>>* all_to_all_bytes = nullptr;
+};
+
+// An algorithm that cannot run here says why (e.g. halving-doubling on 6 ranks).
+struct PlanOutcome {
+  Plan plan;
+  std::string not_applicable;  // empty when the plan is valid
+};
+
+PlanOutcome build_plan(Algorithm algorithm, CollectiveOp op, double bytes, const PlanContext& ctx);
+
+// Concatenates phases; and runs plans of disjoint groups side by side (step i
+// of the result holds step i of every group; the groups' plans must have the
+// same shape, as they do for equal groups).
+void append_plan(Plan& into, const Plan& phase);
+Plan merge_parallel(const std::vector<Plan>& groups);
+
+size_t unrolled_flow_count(const Plan& plan);
+
+std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topology, LinkMode mode,
+                                        const AstraParams& astra);
+
+// `copies` independent instances of the plan run at once (ASTRA's active chunks).
+Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra,
+                      int copies, int* transfers);
+
+}  // namespace zion::sim

@@ -1,0 +1,130 @@
+#pragma once
+// The modeled machine, as read from a preset file (see platform_loader.h).
+// Plain data in SI units: bytes, bytes per second, seconds, FLOP/s.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "units.h"
+
+namespace zion::sim {
+
+// Peak FLOP/s indexed by DType.
+using PeakFlops = std::array<double, kNumDTypes>;
+
+struct SocketSpec {
+  int count = 0;
+  int cores = 0;
+  int64_t ddr_bytes = 0;
+  BytesPerSecond ddr_bandwidth = 0;
+  double ddr_random_access_efficiency = 1.0;
+  PeakFlops peak_flops{};
+};
+
+struct UpiSpec {
+  BytesPerSecond link_bandwidth = 0;
+  Seconds latency = 0;
+  std::vector<std::pair<int, int>> links;  // one entry per physical link
+};
+
+// Fraction of peak an op class reaches; the op cost model divides by these.
+struct EfficiencySpec {
+  double matmul = 1.0;
+  double convolution = 1.0;
+  double elementwise = 1.0;
+  double reduction = 1.0;
+  double embedding_random_access = 1.0;
+};
+
+struct OamSpec {
+  int count = 0;
+  int64_t hbm_bytes = 0;
+  BytesPerSecond hbm_bandwidth = 0;
+  PeakFlops peak_flops{};
+  Seconds launch_overhead = 0;
+  EfficiencySpec efficiency;
+};
+
+struct PcieSwitchSpec {
+  std::string generation;         // of the switch's downstream ports; key of lane_bandwidth_by_generation
+  std::string uplink_generation;  // of the links to its sockets (the CPU's own PCIe generation)
+  int uplink_lanes = 0;
+  int oam_lanes = 0;
+  int nic_lanes = 0;
+  std::vector<int> sockets;
+  std::vector<int> oams;
+  std::vector<int> nics;
+};
+
+struct PcieSpec {
+  std::vector<std::pair<std::string, BytesPerSecond>> lane_bandwidth_by_generation;
+  Seconds latency = 0;  // per hop
+  std::vector<PcieSwitchSpec> switches;
+
+  BytesPerSecond lane_bandwidth(const std::string& generation) const;
+};
+
+enum class FabricTopology { kFullyConnected, kHybridCubeMesh, kRing, kSwitch };
+const char* fabric_topology_name(FabricTopology t);
+
+struct FabricSpec {
+  FabricTopology topology = FabricTopology::kFullyConnected;
+  int links_per_pair = 1;  // for kSwitch: links from each OAM to the switch
+  BytesPerSecond link_bandwidth = 0;
+  Seconds latency = 0;  // per hop
+  bool in_switch_reduction = false;
+  double in_switch_reduction_efficiency = 1.0;
+};
+
+struct NicSpec {
+  int count = 0;  // per node
+  BytesPerSecond bandwidth = 0;
+  Seconds latency = 0;
+  bool gpudirect = true;
+};
+
+struct FrontendNicSpec {
+  int count = 0;
+  BytesPerSecond bandwidth = 0;
+  Seconds latency = 0;
+  std::vector<int> sockets;  // socket each front-end NIC hangs off
+};
+
+struct AstraSpec {
+  Seconds endpoint_delay = 0;
+  int preferred_dataset_splits = 1;
+  int active_chunks_per_dimension = 1;
+};
+
+struct CollectiveSpec {
+  std::string algorithm = "auto";
+  Seconds base_latency = 0;
+  int pipeline_chunks = 1;
+  AstraSpec astra;
+};
+
+struct Platform {
+  std::string name;
+  std::string description;
+  int nodes = 1;
+  SocketSpec socket;
+  UpiSpec upi;
+  OamSpec oam;
+  PcieSpec pcie;
+  FabricSpec fabric;
+  NicSpec nic;
+  FrontendNicSpec frontend_nic;
+  Seconds tor_latency = 0;
+  CollectiveSpec collectives;
+  // The merged JSON the platform was built from, serialized, so that callers
+  // (Python, reports) can show every field exactly as given.
+  std::string json;
+
+  int devices_per_node() const { return oam.count; }
+  int total_devices() const { return nodes * oam.count; }
+};
+
+}  // namespace zion::sim

@@ -1,0 +1,392 @@
+#include "platform_loader.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "json_fields.h"
+
+namespace zion::sim {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kTopologies = {"fully_connected", "hybrid_cube_mesh", "ring", "switch"};
+const std::vector<std::string> kAlgorithms = {"auto",   "ring",       "direct",   "halving_doubling",
+                                              "double_binary_tree", "hierarchical", "in_switch"};
+
+std::mutex g_dirs_mutex;
+std::vector<std::string> g_default_dirs;  // empty: not set by the caller
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+json read_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("platform file '" + path.string() + "' cannot be opened");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw ConfigError("platform file '" + path.string() + "' is not valid JSON: " + e.what());
+  }
+}
+
+bool looks_like_path(const std::string& s) {
+  return s.find('/') != std::string::npos || (s.size() > 5 && s.substr(s.size() - 5) == ".json");
+}
+
+fs::path resolve(const std::string& name_or_path, const std::vector<std::string>& dirs,
+                 const fs::path& relative_to) {
+  if (looks_like_path(name_or_path)) {
+    fs::path p(name_or_path);
+    if (p.is_relative() && !relative_to.empty() && fs::exists(relative_to / p)) return relative_to / p;
+    if (!fs::exists(p)) throw ConfigError("platform file '" + name_or_path + "' does not exist");
+    return p;
+  }
+  for (const auto& dir : dirs) {
+    fs::path p = fs::path(dir) / (name_or_path + ".json");
+    if (fs::exists(p)) return p;
+  }
+  throw ConfigError("unknown platform '" + name_or_path + "'; presets: " + join(preset_names(dirs)) +
+                    " (or give the path of a .json file)");
+}
+
+// Objects merge field by field; anything else in `top` replaces `base`.
+void merge_into(json& base, const json& top) {
+  for (auto it = top.begin(); it != top.end(); ++it) {
+    auto found = base.find(it.key());
+    if (found != base.end() && found->is_object() && it->is_object()) {
+      merge_into(*found, *it);
+    } else {
+      base[it.key()] = *it;
+    }
+  }
+}
+
+json load_merged(const std::string& name_or_path, const std::vector<std::string>& dirs,
+                 const fs::path& relative_to, std::set<std::string>& seen) {
+  fs::path path = resolve(name_or_path, dirs, relative_to);
+  std::string key = fs::weakly_canonical(path).string();
+  if (!seen.insert(key).second) {
+    throw ConfigError("platform file '" + path.string() + "' names itself as a base (a cycle of \"base\")");
+  }
+  json doc = read_json_file(path);
+  if (!doc.is_object()) {
+    throw ConfigError("platform file '" + path.string() + "' must hold a JSON object, got " + doc.type_name());
+  }
+  auto base_it = doc.find("base");
+  if (base_it == doc.end()) return doc;
+  if (!base_it->is_string()) {
+    throw ConfigError("platform file '" + path.string() + "': field 'base' must be a preset name or a path");
+  }
+  json merged = load_merged(base_it->get<std::string>(), dirs, path.parent_path(), seen);
+  doc.erase("base");
+  merge_into(merged, doc);
+  return merged;
+}
+
+void apply_override(json& doc, const Override& ov, const std::string& origin) {
+  const auto& [path, value_text] = ov;
+  json value;
+  try {
+    value = json::parse(value_text);
+  } catch (const json::parse_error&) {
+    value = value_text;  // a bare word: take it as a string
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string part; std::getline(ss, part, '.');) parts.push_back(part);
+  if (parts.empty() || std::any_of(parts.begin(), parts.end(), [](auto& p) { return p.empty(); })) {
+    throw ConfigError("override '" + path + "': a field path such as oam.hbm_bytes is needed");
+  }
+  bool is_source = parts[0] == "sources";
+  json* node = &doc;
+  std::string walked;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    bool last = i + 1 == parts.size();
+    if (node->is_object()) {
+      if (!node->contains(part) && !(is_source && last)) {
+        std::vector<std::string> keys;
+        for (auto it = node->begin(); it != node->end(); ++it) keys.push_back(it.key());
+        throw ConfigError("platform " + origin + ": override of unknown field '" + path + "'" +
+                          (walked.empty() ? "" : " (at '" + walked + "')") + "; allowed: " + join(keys));
+      }
+      node = &(*node)[part];
+    } else if (node->is_array()) {
+      char* end = nullptr;
+      long index = std::strtol(part.c_str(), &end, 10);
+      if (*end != '\0' || index < 0 || static_cast<size_t>(index) >= node->size()) {
+        throw ConfigError("platform " + origin + ": override '" + path + "': '" + walked +
+                          "' is a list of " + std::to_string(node->size()) + "; index '" + part +
+                          "' must be 0.." + std::to_string(static_cast<long>(node->size()) - 1));
+      }
+      node = &(*node)[static_cast<size_t>(index)];
+    } else {
+      throw ConfigError("platform " + origin + ": override '" + path + "': '" + walked +
+                        "' is a value, not an object");
+    }
+    walked += (walked.empty() ? "" : ".") + part;
+  }
+  *node = value;
+  if (!is_source) doc["sources"][path] = "override: " + path + "=" + value.dump();
+}
+
+PeakFlops read_peak_flops(JsonFields fields) {
+  PeakFlops peak{};
+  for (int d = 0; d < kNumDTypes; ++d) peak[d] = fields.positive(kDTypeNames[d]);
+  fields.finish();
+  return peak;
+}
+
+std::vector<int> read_indices(JsonFields& parent, const std::string& key, int count, const std::string& what) {
+  std::vector<int> out;
+  for (const auto& v : parent.array(key)) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= count) {
+      parent.fail(key, "lists " + what + " " + v.dump() + ", but there are " + std::to_string(count) + " " + what +
+                           "s (allowed 0.." + std::to_string(count - 1) + ")");
+    }
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
+
+void read_socket_and_upi(JsonFields& root, Platform& p) {
+  JsonFields s = root.object("socket");
+  p.socket.count = s.integer("count", 1);
+  p.socket.cores = s.integer("cores", 1);
+  p.socket.ddr_bytes = s.bytes("ddr_bytes");
+  p.socket.ddr_bandwidth = s.positive("ddr_bandwidth_gb_per_s") * kGB;
+  p.socket.ddr_random_access_efficiency = s.fraction("ddr_random_access_efficiency");
+  p.socket.peak_flops = read_peak_flops(s.object("peak_flops"));
+  s.finish();
+
+  JsonFields u = root.object("upi");
+  p.upi.link_bandwidth = u.positive("link_bandwidth_gb_per_s") * kGB;
+  p.upi.latency = from_ns(u.non_negative("latency_ns"));
+  for (const auto& link : u.array("links")) {
+    bool ok = link.is_array() && link.size() == 2 && link[0].is_number_integer() && link[1].is_number_integer();
+    int a = ok ? link[0].get<int>() : -1, b = ok ? link[1].get<int>() : -1;
+    if (!ok || a < 0 || b < 0 || a >= p.socket.count || b >= p.socket.count || a == b) {
+      u.fail("links", "has entry " + link.dump() + "; each entry is [a, b] with two different sockets in 0.." +
+                          std::to_string(p.socket.count - 1));
+    }
+    p.upi.links.emplace_back(a, b);
+  }
+  u.finish();
+}
+
+void read_oam(JsonFields& root, Platform& p) {
+  JsonFields o = root.object("oam");
+  p.oam.count = o.integer("count", 1);
+  p.oam.hbm_bytes = o.bytes("hbm_bytes");
+  p.oam.hbm_bandwidth = o.positive("hbm_bandwidth_gb_per_s") * kGB;
+  p.oam.peak_flops = read_peak_flops(o.object("peak_flops"));
+  p.oam.launch_overhead = from_ns(o.non_negative("launch_overhead_ns"));
+  JsonFields e = o.object("efficiency");
+  p.oam.efficiency.matmul = e.fraction("matmul");
+  p.oam.efficiency.convolution = e.fraction("convolution");
+  p.oam.efficiency.elementwise = e.fraction("elementwise");
+  p.oam.efficiency.reduction = e.fraction("reduction");
+  p.oam.efficiency.embedding_random_access = e.fraction("embedding_random_access");
+  e.finish();
+  o.finish();
+}
+
+void read_nics(JsonFields& root, Platform& p) {
+  JsonFields n = root.object("nic");
+  p.nic.count = n.integer("count", 0);
+  p.nic.bandwidth = n.positive("bandwidth_gbit_per_s") * kGB / 8;
+  p.nic.latency = from_ns(n.non_negative("latency_ns"));
+  p.nic.gpudirect = n.boolean("gpudirect");
+  n.finish();
+
+  JsonFields f = root.object("frontend_nic");
+  p.frontend_nic.count = f.integer("count", 0);
+  p.frontend_nic.bandwidth = f.positive("bandwidth_gbit_per_s") * kGB / 8;
+  p.frontend_nic.latency = from_ns(f.non_negative("latency_ns"));
+  p.frontend_nic.sockets = read_indices(f, "sockets", p.socket.count, "socket");
+  if (static_cast<int>(p.frontend_nic.sockets.size()) != p.frontend_nic.count) {
+    f.fail("sockets", "must name one socket for each of the " + std::to_string(p.frontend_nic.count) +
+                          " front-end NICs (frontend_nic.count)");
+  }
+  f.finish();
+}
+
+void read_pcie(JsonFields& root, Platform& p) {
+  JsonFields pc = root.object("pcie");
+  JsonFields lanes = pc.object("lane_bandwidth_gb_per_s");
+  std::vector<std::string> generations = lanes.keys();
+  for (const auto& g : generations) p.pcie.lane_bandwidth_by_generation.emplace_back(g, lanes.positive(g) * kGB);
+  if (generations.empty()) pc.fail("lane_bandwidth_gb_per_s", "must give at least one generation, e.g. \"gen4\"");
+  p.pcie.latency = from_ns(pc.non_negative("latency_ns"));
+  const auto& switches = pc.array("switches");
+  std::vector<int> oam_switch(p.oam.count, -1), nic_switch(p.nic.count, -1);
+  for (size_t i = 0; i < switches.size(); ++i) {
+    JsonFields s(switches[i], "pcie.switches." + std::to_string(i), pc.origin());
+    PcieSwitchSpec sw;
+    sw.generation = s.choice("generation", generations);
+    sw.uplink_generation = s.choice("uplink_generation", generations);
+    sw.uplink_lanes = s.integer("uplink_lanes", 1);
+    sw.oam_lanes = s.integer("oam_lanes", 1);
+    sw.nic_lanes = s.integer("nic_lanes", 1);
+    sw.sockets = read_indices(s, "sockets", p.socket.count, "socket");
+    sw.oams = read_indices(s, "oams", p.oam.count, "OAM");
+    sw.nics = read_indices(s, "nics", p.nic.count, "NIC");
+    if (sw.sockets.empty()) s.fail("sockets", "must name at least one socket (the switch's uplink)");
+    for (int o : sw.oams) {
+      if (oam_switch[o] >= 0) s.fail("oams", "lists OAM " + std::to_string(o) + ", already on pcie.switches." + std::to_string(oam_switch[o]));
+      oam_switch[o] = static_cast<int>(i);
+    }
+    for (int n : sw.nics) {
+      if (nic_switch[n] >= 0) s.fail("nics", "lists NIC " + std::to_string(n) + ", already on pcie.switches." + std::to_string(nic_switch[n]));
+      nic_switch[n] = static_cast<int>(i);
+    }
+    s.finish();
+    p.pcie.switches.push_back(std::move(sw));
+  }
+  for (int o = 0; o < p.oam.count; ++o) {
+    if (oam_switch[o] < 0) pc.fail("switches", "attach OAM " + std::to_string(o) + " to no switch; every OAM 0.." + std::to_string(p.oam.count - 1) + " must be listed in exactly one switch's \"oams\"");
+  }
+  for (int n = 0; n < p.nic.count; ++n) {
+    if (nic_switch[n] < 0) pc.fail("switches", "attach NIC " + std::to_string(n) + " to no switch; every NIC 0.." + std::to_string(p.nic.count - 1) + " must be listed in exactly one switch's \"nics\"");
+  }
+  pc.finish();
+}
+
+void read_fabric(JsonFields& root, Platform& p) {
+  JsonFields f = root.object("fabric");
+  std::string topo = f.choice("topology", kTopologies);
+  p.fabric.topology = topo == "fully_connected"    ? FabricTopology::kFullyConnected
+                      : topo == "hybrid_cube_mesh" ? FabricTopology::kHybridCubeMesh
+                      : topo == "ring"             ? FabricTopology::kRing
+                                                   : FabricTopology::kSwitch;
+  if (p.fabric.topology == FabricTopology::kHybridCubeMesh && p.oam.count != 8) {
+    f.fail("topology", "is hybrid_cube_mesh, which needs oam.count = 8 (got " + std::to_string(p.oam.count) + ")");
+  }
+  p.fabric.links_per_pair = f.integer("links_per_pair", 1);
+  p.fabric.link_bandwidth = f.positive("link_bandwidth_gb_per_s") * kGB;
+  p.fabric.latency = from_ns(f.non_negative("latency_ns"));
+  p.fabric.in_switch_reduction = f.boolean("in_switch_reduction");
+  p.fabric.in_switch_reduction_efficiency = f.fraction("in_switch_reduction_efficiency");
+  if (p.fabric.in_switch_reduction && p.fabric.topology != FabricTopology::kSwitch) {
+    f.fail("in_switch_reduction", "is true, but only fabric.topology = switch can reduce in the switch");
+  }
+  f.finish();
+}
+
+void read_collectives(JsonFields& root, Platform& p) {
+  JsonFields c = root.object("collectives");
+  p.collectives.algorithm = c.choice("algorithm", kAlgorithms);
+  p.collectives.base_latency = from_ns(c.non_negative("base_latency_ns"));
+  p.collectives.pipeline_chunks = c.integer("pipeline_chunks", 1);
+  JsonFields a = c.object("astra");
+  p.collectives.astra.endpoint_delay = from_ns(a.non_negative("endpoint_delay_ns"));
+  p.collectives.astra.preferred_dataset_splits = a.integer("preferred_dataset_splits", 1);
+  p.collectives.astra.active_chunks_per_dimension = a.integer("active_chunks_per_dimension", 1);
+  a.finish();
+  c.finish();
+}
+
+Platform parse(const json& doc, const std::string& origin) {
+  JsonFields root(doc, "", origin);
+  Platform p;
+  p.name = root.text("name");
+  p.description = root.text("description");
+  p.nodes = root.integer("nodes", 1);
+  read_socket_and_upi(root, p);
+  read_oam(root, p);
+  read_nics(root, p);
+  read_pcie(root, p);
+  read_fabric(root, p);
+  JsonFields tor = root.object("tor_switch");
+  p.tor_latency = from_ns(tor.non_negative("latency_ns"));
+  tor.finish();
+  read_collectives(root, p);
+  root.skip("sources");  // citations, checked by the preset tests, not part of the model
+  if (auto it = doc.find("sources"); it != doc.end() && !it->is_object()) {
+    throw ConfigError("platform " + origin + ": field 'sources' must map field paths to text");
+  }
+  root.finish();
+  p.json = doc.dump();
+  return p;
+}
+
+}  // namespace
+
+Override parse_override(const std::string& assignment) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError("override '" + assignment + "' must look like path.to.field=value (e.g. fabric.topology=ring)");
+  }
+  return {assignment.substr(0, eq), assignment.substr(eq + 1)};
+}
+
+std::vector<std::string> default_preset_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* env = std::getenv("ZION_PLATFORM_PATH")) {
+    std::stringstream ss(env);
+    for (std::string d; std::getline(ss, d, ':');) {
+      if (!d.empty()) dirs.push_back(d);
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_dirs_mutex);
+  if (!g_default_dirs.empty()) {
+    dirs.insert(dirs.end(), g_default_dirs.begin(), g_default_dirs.end());
+  }
+#ifdef ZION_PRESET_DIR
+  else {
+    dirs.push_back(ZION_PRESET_DIR);
+  }
+#endif
+  return dirs;
+}
+
+void set_default_preset_dirs(std::vector<std::string> dirs) {
+  std::lock_guard<std::mutex> lock(g_dirs_mutex);
+  g_default_dirs = std::move(dirs);
+}
+
+std::vector<std::string> preset_names(const std::vector<std::string>& dirs) {
+  std::set<std::string> names;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() == ".json") names.insert(entry.path().stem().string());
+    }
+  }
+  return {names.begin(), names.end()};
+}
+
+Platform load_platform(const std::string& name_or_path, const std::vector<Override>& overrides,
+                       const std::vector<std::string>& dirs) {
+  std::set<std::string> seen;
+  json doc = load_merged(name_or_path, dirs, {}, seen);
+  std::string origin = "'" + name_or_path + "'";
+  for (const auto& ov : overrides) apply_override(doc, ov, origin);
+  return parse(doc, origin);
+}
+
+Platform platform_from_json_text(const std::string& text, const std::string& origin) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError("platform " + origin + " is not valid JSON: " + e.what());
+  }
+  return parse(doc, origin);
+}
+
+}  // namespace zion::sim

@@ -1,0 +1,263 @@
+"""Op cost model (csrc/sim/op_cost.h): roofline times from ATen names and shapes.
+
+Every expected number is worked by hand from the overrides below, so a test
+does not depend on the zion preset's values.
+"""
+
+from typing import Dict
+
+import pytest
+
+import zion_emu
+from zion_emu import sim
+
+T = sim.TensorDesc
+
+# OAM: 1 TFLOP/s fp32, 2 tf32, 4 bf16; 100 GB/s = 1e11 bytes/s of HBM.
+OAM_OVERRIDES: Dict[str, float] = {
+    "oam.peak_flops.fp32": 1e12,
+    "oam.peak_flops.tf32": 2e12,
+    "oam.peak_flops.bf16": 4e12,
+    "oam.hbm_bandwidth_gb_per_s": 100,
+    "oam.efficiency.matmul": 0.5,
+    "oam.efficiency.convolution": 0.5,
+    "oam.efficiency.elementwise": 0.8,
+    "oam.efficiency.reduction": 0.5,
+    "oam.efficiency.embedding_random_access": 0.25,
+    "oam.launch_overhead_ns": 5000,
+}
+# Socket: 2 TFLOP/s fp32, 50 GB/s of DDR, gathers at 10 % of it.
+SOCKET_OVERRIDES: Dict[str, float] = {
+    "socket.peak_flops.fp32": 2e12,
+    "socket.ddr_bandwidth_gb_per_s": 50,
+    "socket.ddr_random_access_efficiency": 0.1,
+}
+
+
+def approx(x: float) -> object:
+    return pytest.approx(x, rel=1e-12)
+
+
+@pytest.fixture
+def platform() -> object:
+    return zion_emu.load_platform("zion", overrides={**OAM_OVERRIDES, **SOCKET_OVERRIDES})
+
+
+@pytest.fixture
+def oam(platform: object) -> sim.OpCostModel:
+    return sim.OpCostModel.for_oam(platform)
+
+
+def mm_call(m: int, k: int, n: int, dtype: str = "fp32") -> sim.OpCall:
+    return sim.OpCall("aten::mm", [T([m, k], dtype), T([k, n], dtype)], [T([m, n], dtype)])
+
+
+def embedding_bag_call() -> sim.OpCall:
+    # DLRM paper table: 1M rows x dim 64, batch 2048 x 100 lookups.
+    return sim.OpCall(
+        "aten::_embedding_bag",
+        [T([1_000_000, 64]), T([204_800], "int64"), T([2048], "int64")],
+        [T([2048, 64])],
+    )
+
+
+def test_mm_compute_bound(oam: sim.OpCostModel) -> None:
+    # 1024^3: flops = 2 * 1024^3 = 2147483648; compute = 2^31 / (1e12 * 0.5) = 4.294967296 ms.
+    # bytes = 3 * 1024^2 * 4 = 12582912; memory = 12582912 / (1e11 * 0.5) = 0.25165824 ms.
+    cost = oam.cost(mm_call(1024, 1024, 1024))
+    assert cost.work.flops == 2147483648
+    assert cost.work.bytes == 12582912
+    assert cost.work.op_class == sim.OpClass.matmul
+    assert cost.compute_time == approx(4.294967296e-3)
+    assert cost.memory_time == approx(2.5165824e-4)
+    assert cost.device_time == cost.compute_time
+    assert cost.launch_overhead == approx(5e-6)  # reported apart, not in device_time
+    assert not cost.guessed and cost.formula == "aten::mm"
+
+
+def test_mm_memory_bound(oam: sim.OpCostModel) -> None:
+    # [4096, 8] @ [8, 4096]: flops = 2 * 4096 * 8 * 4096 = 268435456; compute = 0.536870912 ms.
+    # bytes = (4096*8 + 8*4096 + 4096*4096) * 4 = 67371008; memory = 67371008 / 5e10 = 1.34742016 ms.
+    cost = oam.cost(mm_call(4096, 8, 4096))
+    assert cost.compute_time == approx(5.36870912e-4)
+    assert cost.memory_time == approx(1.34742016e-3)
+    assert cost.device_time == cost.memory_time
+
+
+def test_bf16_and_tf32_use_their_own_peak(oam: sim.OpCostModel) -> None:
+    # Same 2^31 FLOPs: bf16 at 4e12 * 0.5 -> 1.073741824 ms; tf32 at 2e12 * 0.5 -> 2.147483648 ms.
+    assert oam.cost(mm_call(1024, 1024, 1024, "bf16")).compute_time == approx(1.073741824e-3)
+    assert oam.cost(mm_call(1024, 1024, 1024, "tf32")).compute_time == approx(2.147483648e-3)
+    # bf16 moves half the bytes: 3 * 1024^2 * 2 = 6291456.
+    assert oam.cost(mm_call(1024, 1024, 1024, "bf16")).work.bytes == 6291456
+
+
+def test_addmm_counts_the_product_and_reads_the_bias(oam: sim.OpCostModel) -> None:
+    # bias [256] + [128, 64] @ [64, 256]: flops = 2 * 128 * 64 * 256 = 4194304 (bias add not
+    # counted, as in torch.utils.flop_counter); bytes = (256 + 8192 + 16384 + 32768) * 4 = 230400.
+    call = sim.OpCall("aten::addmm", [T([256]), T([128, 64]), T([64, 256])], [T([128, 256])])
+    cost = oam.cost(call)
+    assert cost.work.flops == 4194304
+    assert cost.work.bytes == 230400
+    assert cost.compute_time == approx(4194304 / 5e11)
+    assert cost.memory_time == approx(230400 / 5e10)
+
+
+def test_bmm(oam: sim.OpCostModel) -> None:
+    # [16, 128, 64] @ [16, 64, 32]: flops = 2 * 16 * 128 * 64 * 32 = 8388608;
+    # bytes = (131072 + 32768 + 65536) * 4 = 917504.
+    call = sim.OpCall("aten::bmm", [T([16, 128, 64]), T([16, 64, 32])], [T([16, 128, 32])])
+    cost = oam.cost(call)
+    assert cost.work.flops == 8388608
+    assert cost.work.bytes == 917504
+
+
+def test_conv2d_flops_from_weight_and_output(oam: sim.OpCostModel) -> None:
+    # ResNet-like 3x3: input [8, 64, 56, 56], weight [128, 64, 3, 3], output [8, 128, 56, 56].
+    # flops = 2 * out.numel() * (C_in / groups) * 3 * 3 = 2 * 3211264 * 576 = 3699376128.
+    # bytes = (1605632 + 73728 + 128 + 3211264) * 4 = 19563008.
+    call = sim.OpCall(
+        "aten::convolution",
+        [T([8, 64, 56, 56]), T([128, 64, 3, 3]), T([128])],
+        [T([8, 128, 56, 56])],
+        int_args=[0],  # not transposed
+    )
+    cost = oam.cost(call)
+    assert cost.work.flops == 3699376128
+    assert cost.work.op_class == sim.OpClass.convolution
+    assert cost.compute_time == approx(3699376128 / 5e11)
+    assert cost.memory_time == approx(19563008 / 5e10)
+
+    # groups = 2 halves the weight ([128, 32, 3, 3]) and so the FLOPs.
+    grouped = sim.OpCall(
+        "aten::convolution_overrideable",
+        [T([8, 64, 56, 56]), T([128, 32, 3, 3])],
+        [T([8, 128, 56, 56])],
+    )
+    assert oam.cost(grouped).work.flops == 3699376128 / 2
+
+    # Backward with grad_input and grad_weight requested: two forward convolutions.
+    backward = sim.OpCall(
+        "aten::convolution_backward",
+        [T([8, 128, 56, 56]), T([8, 64, 56, 56]), T([128, 64, 3, 3])],
+        [T([8, 64, 56, 56]), T([128, 64, 3, 3]), T([128])],
+        int_args=[0, 1, 1, 1],
+    )
+    assert oam.cost(backward).work.flops == 2 * 3699376128
+
+
+def test_elementwise_add_is_memory_bound(oam: sim.OpCostModel) -> None:
+    # [1000, 1000] + [1000] (broadcast): flops = 1e6; bytes = (1e6 + 1e3 + 1e6) * 4 = 8004000.
+    # memory = 8004000 / (1e11 * 0.8) = 0.10005 ms; compute = 1e6 / (1e12 * 0.8) = 1.25 us.
+    call = sim.OpCall("aten::add.Tensor", [T([1000, 1000]), T([1000])], [T([1000, 1000])])
+    cost = oam.cost(call)
+    assert cost.work.flops == 1e6
+    assert cost.work.bytes == 8004000
+    assert cost.memory_time == approx(1.0005e-4)
+    assert cost.compute_time == approx(1.25e-6)
+    assert cost.device_time == cost.memory_time
+    assert cost.formula == "aten::add"  # overload ".Tensor" falls back to the base name
+    inplace = sim.OpCall("aten::add_.Tensor", [T([1000, 1000]), T([1000])], [T([1000, 1000])])
+    assert oam.cost(inplace).formula == "aten::add"  # in-place: the functional op's work
+
+
+def test_sum_reduction(oam: sim.OpCostModel) -> None:
+    # sum of [1024, 1024] to a scalar: flops = 1048576; bytes = (1048576 + 1) * 4 = 4194308.
+    # memory = 4194308 / (1e11 * 0.5) = 83.88616 us; compute = 1048576 / 5e11 = 2.097152 us.
+    cost = oam.cost(sim.OpCall("aten::sum.dim_IntList", [T([1024, 1024])], [T([])]))
+    assert cost.work.op_class == sim.OpClass.reduction
+    assert cost.work.flops == 1048576
+    assert cost.memory_time == approx(8.388616e-5)
+    assert cost.compute_time == approx(2.097152e-6)
+
+
+def test_embedding_bag_gathers_at_random_access_efficiency(oam: sim.OpCostModel) -> None:
+    # gathered = 204800 rows * 64 * 4 bytes = 52428800 at 1e11 * 0.25 -> 2.097152 ms;
+    # streamed = indices 1638400 + offsets 16384 + output 524288 = 2179072 at 1e11 * 0.8 -> 27.2384 us.
+    # flops = 204800 * 64 sum-pooling adds = 13107200 at 1e12 * 0.8 -> 16.384 us.
+    cost = oam.cost(embedding_bag_call())
+    assert cost.work.op_class == sim.OpClass.embedding_bag
+    assert cost.work.gathered_bytes == 52428800
+    assert cost.work.bytes == 2179072
+    assert cost.work.flops == 13107200
+    assert cost.memory_time == approx(2.097152e-3 + 2.72384e-5)
+    assert cost.device_time == cost.memory_time
+    # Priced as streaming, the gather would look 0.8 / 0.25 = 3.2x faster.
+    assert cost.memory_time > 52428800 / 8e10 * 3
+
+
+def test_unknown_op_is_guessed_elementwise_like(oam: sim.OpCostModel) -> None:
+    # bytes = 40 in + 40 out; flops = output numel = 10; memory = 80 / (1e11 * 0.8) = 1 ns.
+    cost = oam.cost(sim.OpCall("mylib::mystery", [T([10])], [T([10])]))
+    assert cost.guessed
+    assert cost.formula == "default"
+    assert cost.work.flops == 10 and cost.work.bytes == 80
+    assert cost.memory_time == approx(1e-9)
+    assert not oam.has_formula("mylib::mystery")
+
+
+def test_views_cost_nothing(oam: sim.OpCostModel) -> None:
+    cost = oam.cost(sim.OpCall("aten::view", [T([64, 64])], [T([4096])]))
+    assert cost.device_time == 0 and cost.launch_overhead == 0 and not cost.guessed
+
+
+def test_register_formula_overrides_a_builtin(oam: sim.OpCostModel, platform: object) -> None:
+    # 1e9 FLOPs at 1e12 * 0.5 -> 2 ms, whatever the shapes.
+    oam.register_formula("aten::mm", lambda call: sim.OpWork(flops=1e9, bytes=0, op_class="matmul"))
+    cost = oam.cost(mm_call(1024, 1024, 1024))
+    assert cost.compute_time == approx(2e-3)
+    assert cost.formula == "aten::mm" and not cost.guessed
+    # Formulas belong to one model: a new one has the built-in.
+    assert sim.OpCostModel.for_oam(platform).cost(mm_call(1024, 1024, 1024)).work.flops == 2147483648
+
+
+def test_register_formula_extends_a_new_name(oam: sim.OpCostModel) -> None:
+    # Two [n, n] matmuls fused: 4 n^3 flops, n = 512 -> 536870912 flops -> 1.073741824 ms.
+    def fused_mlp(call: sim.OpCall) -> Dict[str, object]:
+        n = call.inputs[0].sizes[0]
+        return {"flops": 4 * n**3, "bytes": 3 * call.inputs[0].bytes(), "op_class": "matmul"}
+
+    oam.register_formula("mylib::fused_mlp", fused_mlp)
+    assert oam.has_formula("mylib::fused_mlp")
+    assert "mylib::fused_mlp" in oam.formula_names()
+    cost = oam.cost(sim.OpCall("mylib::fused_mlp", [T([512, 512])], [T([512, 512])]))
+    assert not cost.guessed
+    assert cost.compute_time == approx(1.073741824e-3)
+    # A constant dict works too.
+    oam.register_formula("mylib::fixed", {"flops": 0, "bytes": 8e7, "op_class": "elementwise"})
+    assert oam.cost(sim.OpCall("mylib::fixed")).memory_time == approx(8e7 / 8e10)
+
+
+def test_formula_returning_negative_bytes_names_the_op(oam: sim.OpCostModel) -> None:
+    oam.register_formula("mylib::broken", lambda call: sim.OpWork(flops=1, bytes=-5))
+    with pytest.raises(ValueError, match=r"mylib::broken.*negative bytes"):
+        oam.cost(sim.OpCall("mylib::broken"))
+
+
+def test_exception_in_a_python_formula_names_the_op(oam: sim.OpCostModel) -> None:
+    def failing(call: sim.OpCall) -> sim.OpWork:
+        raise KeyError("no shapes")
+
+    oam.register_formula("mylib::failing", failing)
+    with pytest.raises(KeyError, match="mylib::failing") as info:
+        oam.cost(sim.OpCall("mylib::failing"))
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_socket_uses_ddr_bandwidth(platform: object) -> None:
+    socket = sim.OpCostModel.for_socket(platform)
+    assert socket.unit.memory_bandwidth == 50e9
+    # The same add as on the OAM: 8004000 bytes at 5e10 bytes/s (CPU efficiency 1.0) = 160.08 us.
+    add = sim.OpCall("aten::add.Tensor", [T([1000, 1000]), T([1000])], [T([1000, 1000])])
+    cost = socket.cost(add)
+    assert cost.memory_time == approx(1.6008e-4)
+    assert cost.launch_overhead == 0  # a CPU kernel is a function call
+    # The embedding bag's gathers at ddr_random_access_efficiency 0.1:
+    # 52428800 / 5e9 = 10.48576 ms, plus 2179072 / 5e10 = 43.58144 us streamed.
+    assert socket.cost(embedding_bag_call()).memory_time == approx(1.048576e-2 + 4.358144e-5)
+
+
+def test_invalid_unit_names_the_field() -> None:
+    unit = sim.ComputeUnit("oam", peak_flops={"fp32": 1e12}, memory_bandwidth=0.0)
+    with pytest.raises(ValueError, match="oam.memory_bandwidth"):
+        sim.OpCostModel(unit)

@@ -1,0 +1,10 @@
+"""zion-emu: a virtual Facebook Zion training platform as a PyTorch device.
+
+This package registers and configures; the model of the hardware lives in
+the native core (``zion_emu._C``), reached through :mod:`zion_emu.sim`.
+"""
+
+from zion_emu.platform import ConfigError, Platform, load_platform, preset_names
+
+__all__ = ["ConfigError", "Platform", "load_platform", "preset_names"]
+__version__ = "0.1.0"

@@ -1,0 +1,102 @@
+"""Platform presets: load by name or file, override fields, read them back."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Mapping
+
+from zion_emu import _C
+
+PRESET_DIR = Path(__file__).resolve().parent / "platforms"
+DEFAULT_PLATFORM = "zion"
+
+ConfigError = _C.sim.ConfigError
+_C.sim.set_default_preset_dirs([str(PRESET_DIR)])
+
+
+class Platform:
+    """A modeled machine. ``fields`` holds every preset field as given."""
+
+    def __init__(self, native: Any, origin: str) -> None:
+        self.native = native
+        self.origin = origin
+
+    @cached_property
+    def fields(self) -> dict[str, Any]:
+        return json.loads(self.native.to_json())
+
+    @property
+    def name(self) -> str:
+        return self.native.name
+
+    @property
+    def nodes(self) -> int:
+        return self.native.nodes
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.native.devices_per_node
+
+    @property
+    def total_devices(self) -> int:
+        return self.native.total_devices
+
+    def get(self, path: str) -> Any:
+        """A field by its dotted path, e.g. ``platform.get("oam.hbm_bytes")``."""
+        node: Any = self.fields
+        for part in path.split("."):
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        return node
+
+    def source(self, path: str) -> str | None:
+        """The citation of a field: its own entry in ``sources`` or its nearest parent's."""
+        sources = self.fields.get("sources", {})
+        parts = path.split(".")
+        for n in range(len(parts), 0, -1):
+            key = ".".join(parts[:n])
+            if key in sources:
+                return sources[key]
+        return None
+
+    def __repr__(self) -> str:
+        return f"Platform({self.name!r}, nodes={self.nodes}, devices_per_node={self.devices_per_node})"
+
+
+def _override_pairs(overrides: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    pairs = []
+    for path, value in (overrides or {}).items():
+        if not isinstance(path, str):
+            raise ConfigError(f"override keys are dotted field paths (str), got {path!r}")
+        pairs.append((path, json.dumps(value)))
+    return pairs
+
+
+def preset_names() -> list[str]:
+    return _C.sim.preset_names(_search_dirs())
+
+
+def _search_dirs() -> list[str]:
+    extra = [d for d in os.environ.get("ZION_PLATFORM_PATH", "").split(":") if d]
+    return extra + [str(PRESET_DIR)]
+
+
+def load_platform(
+    name_or_path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    assignments: list[str] | None = None,
+) -> Platform:
+    """Loads a preset (``"zion"``, ``"hgx-h100"``, ...) or a ``.json`` file.
+
+    ``overrides`` maps dotted field paths to values
+    (``{"fabric.topology": "ring"}``); ``assignments`` are command-line
+    ``path=value`` strings. Without a name, ``ZION_PLATFORM`` or ``zion``.
+    A wrong name, file or field raises :class:`ConfigError` naming it.
+    """
+    name = os.fspath(name_or_path) if name_or_path is not None else os.environ.get("ZION_PLATFORM", DEFAULT_PLATFORM)
+    pairs = _override_pairs(overrides)
+    pairs += [tuple(_C.sim.parse_override(a)) for a in assignments or []]
+    native = _C.sim.load_platform(name, pairs, _search_dirs())
+    return Platform(native, name)
