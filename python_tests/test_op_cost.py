@@ -4,12 +4,12 @@ Every expected number is worked by hand from the overrides below, so a test
 does not depend on the zion preset's values.
 """
 
-from typing import Dict
+from typing import Callable, Dict
 
 import pytest
 
-import zion_emu
 from zion_emu import sim
+from zion_emu.platform import Platform
 
 T = sim.TensorDesc
 
@@ -39,13 +39,13 @@ def approx(x: float) -> object:
 
 
 @pytest.fixture
-def platform() -> object:
-    return zion_emu.load_platform("zion", overrides={**OAM_OVERRIDES, **SOCKET_OVERRIDES})
+def zion(platform: Callable[..., Platform]) -> Platform:
+    return platform("zion", **OAM_OVERRIDES, **SOCKET_OVERRIDES)
 
 
 @pytest.fixture
-def oam(platform: object) -> sim.OpCostModel:
-    return sim.OpCostModel.for_oam(platform)
+def oam(zion: Platform) -> sim.OpCostModel:
+    return sim.OpCostModel.for_oam(zion)
 
 
 def mm_call(m: int, k: int, n: int, dtype: str = "fp32") -> sim.OpCall:
@@ -201,14 +201,14 @@ def test_views_cost_nothing(oam: sim.OpCostModel) -> None:
     assert cost.device_time == 0 and cost.launch_overhead == 0 and not cost.guessed
 
 
-def test_register_formula_overrides_a_builtin(oam: sim.OpCostModel, platform: object) -> None:
+def test_register_formula_overrides_a_builtin(oam: sim.OpCostModel, zion: Platform) -> None:
     # 1e9 FLOPs at 1e12 * 0.5 -> 2 ms, whatever the shapes.
     oam.register_formula("aten::mm", lambda call: sim.OpWork(flops=1e9, bytes=0, op_class="matmul"))
     cost = oam.cost(mm_call(1024, 1024, 1024))
     assert cost.compute_time == approx(2e-3)
     assert cost.formula == "aten::mm" and not cost.guessed
     # Formulas belong to one model: a new one has the built-in.
-    assert sim.OpCostModel.for_oam(platform).cost(mm_call(1024, 1024, 1024)).work.flops == 2147483648
+    assert sim.OpCostModel.for_oam(zion).cost(mm_call(1024, 1024, 1024)).work.flops == 2147483648
 
 
 def test_register_formula_extends_a_new_name(oam: sim.OpCostModel) -> None:
@@ -244,8 +244,8 @@ def test_exception_in_a_python_formula_names_the_op(oam: sim.OpCostModel) -> Non
     assert isinstance(info.value.__cause__, KeyError)
 
 
-def test_socket_uses_ddr_bandwidth(platform: object) -> None:
-    socket = sim.OpCostModel.for_socket(platform)
+def test_socket_uses_ddr_bandwidth(zion: Platform) -> None:
+    socket = sim.OpCostModel.for_socket(zion)
     assert socket.unit.memory_bandwidth == 50e9
     # The same add as on the OAM: 8004000 bytes at 5e10 bytes/s (CPU efficiency 1.0) = 160.08 us.
     add = sim.OpCall("aten::add.Tensor", [T([1000, 1000]), T([1000])], [T([1000, 1000])])

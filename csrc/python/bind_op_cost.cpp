@@ -208,6 +208,16 @@ ComputeUnit make_compute_unit(const std::string& name, const py::dict& peak_flop
   return unit;
 }
 
+// zion_emu.load_platform returns the Python Platform (zion_emu/platform.py),
+// which holds the native one in `.native`; accept either. Resolved at call
+// time, so Platform's binding (bind_platform.cpp) may come in any order.
+const Platform& native_platform(const py::handle& platform) {
+  if (py::isinstance<Platform>(platform)) return platform.cast<const Platform&>();
+  if (py::hasattr(platform, "native")) return platform.attr("native").cast<const Platform&>();
+  throw py::type_error("expected a Platform (zion_emu.load_platform(...)), got " +
+                       std::string(py::str(py::type::of(platform).attr("__name__"))));
+}
+
 }  // namespace
 
 }  // namespace zion::sim
@@ -298,8 +308,10 @@ void bind_op_cost(py::module_& sim) {
            py::arg("efficiency") = py::dict(), py::arg("launch_overhead") = 0.0,
            "peak_flops: {dtype: FLOP/s}; memory_bandwidth: bytes/s; efficiency: {class: fraction}, 1.0 where "
            "not given; launch_overhead: seconds.")
-      .def_static("oam", &ComputeUnit::oam, py::arg("platform"))
-      .def_static("socket", &ComputeUnit::socket, py::arg("platform"))
+      .def_static(
+          "oam", [](const py::object& p) { return ComputeUnit::oam(native_platform(p)); }, py::arg("platform"))
+      .def_static(
+          "socket", [](const py::object& p) { return ComputeUnit::socket(native_platform(p)); }, py::arg("platform"))
       .def_readonly("name", &ComputeUnit::name)
       .def_property_readonly("peak_flops", [](const ComputeUnit& u) { return peak_flops_dict(u.peak_flops); })
       .def_readonly("memory_bandwidth", &ComputeUnit::memory_bandwidth)
@@ -309,10 +321,12 @@ void bind_op_cost(py::module_& sim) {
   py::class_<OpCostModel>(sim, "OpCostModel", "Prices ops on one compute unit from a table of work formulas.")
       .def(py::init<ComputeUnit>(), py::arg("unit"))
       .def_static(
-          "for_oam", [](const Platform& p) { return std::make_unique<OpCostModel>(ComputeUnit::oam(p)); },
+          "for_oam",
+          [](const py::object& p) { return std::make_unique<OpCostModel>(ComputeUnit::oam(native_platform(p))); },
           py::arg("platform"))
       .def_static(
-          "for_socket", [](const Platform& p) { return std::make_unique<OpCostModel>(ComputeUnit::socket(p)); },
+          "for_socket",
+          [](const py::object& p) { return std::make_unique<OpCostModel>(ComputeUnit::socket(native_platform(p))); },
           py::arg("platform"))
       .def_property_readonly("unit", &OpCostModel::unit)
       .def("cost", py::overload_cast<const OpCall&>(&OpCostModel::cost, py::const_), py::arg("call"))

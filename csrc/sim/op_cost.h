@@ -118,7 +118,8 @@ inline constexpr const char* kDefaultFormula = "default";
 // outside the named classes stream like elementwise kernels.
 double class_efficiency(const EfficiencySpec& efficiency, OpClass c);
 
-// The dtype whose peak prices an op's FLOPs: the first floating input, else the
+// The dtype whose peak prices an op's FLOPs (callers mark fp32 matmul and
+// convolution operands kTf32 when TF32 is allowed): the first floating input, else the
 // first floating output; with integer tensors only, int8 when the first one is
 // one byte wide (int8/uint8/bool) and fp32 otherwise (int64 arithmetic gets no
 // integer tensor units on any preset); fp32 with no tensors at all.

@@ -359,6 +359,8 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   // Embeddings.
   add_all({"embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"}, embedding_bag);
   add("embedding", embedding);
+  // embedding_backward and _embedding_bag_backward are composite (the device
+  // sees the dense or sparse op they call); priced dense for whoever asks.
   add_all({"embedding_dense_backward", "embedding_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward"},
           embedding_dense_backward);
   add_all({"embedding_sparse_backward", "_embedding_bag_sparse_backward"}, embedding_sparse_backward);

@@ -105,9 +105,12 @@ bool Topology::may_transit(int in_link, int vertex, int out_link) const {
 
 Route Topology::compute_route(int src, int dst) const {
   int node_a = node_of(src), node_b = node_of(dst);
+  // Traffic within one node never leaves it: shared vertices (the ToR) are
+  // only for routes between nodes.
+  bool one_node = node_a >= 0 && node_a == node_b;
   auto allowed_vertex = [&](int v) {
     int n = node_of(v);
-    return n < 0 || n == node_a || n == node_b;
+    return n < 0 ? !one_node : (n == node_a || n == node_b);
   };
   std::vector<char> banned(links_.size(), 0);
   Route route;
