@@ -1,0 +1,157 @@
+"""Timed collectives against closed forms worked by hand, and against the
+Zion paper's fully-connected vs ring comparison."""
+
+import pytest
+
+from zion_emu import sim
+
+GB = 1e9
+GIB = 1 << 30
+
+
+def test_ring_all_reduce_on_a_switch_is_2_n_minus_1_steps_of_alpha_plus_S_over_nB(platform):
+    # hgx-a100: each GPU reaches the NVSwitch over 12 links x 20 GB/s = B;
+    # GPU -> switch -> GPU is two links of 300 ns = alpha. The ring runs both
+    # ways with half the data each, so each GPU's uplink carries S/n per step.
+    p = platform("hgx-a100")
+    n, S, B, alpha = 8, 256 * 2**20, 12 * 20.0 * GB, 2 * 300e-9
+    expected = 2 * (n - 1) * (alpha + S / (n * B))
+    r = sim.collective(p, "all_reduce", S, n, algo="ring")
+    assert r.closed_form
+    assert r.time == pytest.approx(expected, rel=1e-9)
+    assert r.busbw == pytest.approx(S / expected * 2 * (n - 1) / n, rel=1e-9)
+
+
+def test_ring_on_a_ring_fabric_uses_both_directions(platform):
+    # zion with a ring fabric: 25 GB/s per link per direction, 600 ns per hop.
+    p = platform(**{"fabric.topology": "ring"})
+    n, S, B, alpha = 8, 64 * 2**20, 25 * GB, 600e-9
+    expected = 2 * (n - 1) * (alpha + S / (2 * n * B))
+    assert sim.collective_time(p, "all_reduce", S, n, algo="ring") == pytest.approx(expected, rel=1e-9)
+
+
+def test_base_latency_is_charged_once_per_collective(platform):
+    p0 = platform("hgx-a100")
+    p1 = platform("hgx-a100", **{"collectives.base_latency_ns": 6600})
+    t0 = sim.collective_time(p0, "all_reduce", 1 << 20, 8, algo="ring")
+    t1 = sim.collective_time(p1, "all_reduce", 1 << 20, 8, algo="ring")
+    assert t1 - t0 == pytest.approx(6.6e-6, rel=1e-9)
+
+
+def test_direct_all_to_all_on_fully_connected_is_one_step(platform):
+    # zion: 8 OAMs fully connected, 25 GB/s per pair; each sends S/n to
+    # each peer on its own link at once.
+    p = platform()
+    n, S, B, alpha = 8, 512 * 2**20, 25 * GB, 600e-9
+    r = sim.collective(p, "all_to_all", S, n, algo="direct")
+    assert r.time == pytest.approx(alpha + S / n / B, rel=1e-9)
+    assert r.busbw == pytest.approx(S / r.time * (n - 1) / n, rel=1e-9)
+
+
+def test_uneven_all_to_all_ends_with_its_largest_message(platform):
+    p = platform()
+    n = 4
+    sizes = [[0 if i == j else 1e6 for j in range(n)] for i in range(n)]
+    sizes[2][3] = 50e6  # one hot pair, as embedding exchanges have
+    r = sim.collective(p, "all_to_all", 0, n, algo="direct", all_to_all_bytes=sizes)
+    # Every pair has its own 25 GB/s link; the hot pair decides.
+    assert r.time == pytest.approx(600e-9 + 50e6 / (25 * GB), rel=1e-9)
+    assert not r.closed_form  # unequal flows: simulated step by step
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_to_all"])
+def test_fully_connected_beats_bidirectional_ring(platform, op):
+    # p = 8, equal per-link bandwidth, large messages. all_reduce: ring
+    # 2(n-1)/n * S / 2B vs direct 2 S / (n B): 3.5x. all_to_all: on the ring
+    # each link carries (1 + 2 + 3 + 4/2) S/n = 8 S/n, vs S/n: 8x.
+    S = 8 * GIB
+    ring = platform(**{"fabric.topology": "ring"})
+    full = platform(**{"fabric.topology": "fully_connected"})
+    ratio = sim.collective_time(ring, op, S, 8) / sim.collective_time(full, op, S, 8)
+    assert ratio == pytest.approx({"all_reduce": 3.5, "all_to_all": 8.0}[op], rel=1e-3)
+
+
+@pytest.mark.parametrize("name,op,algo", [
+    ("zion", "all_reduce", "ring"),
+    ("zion", "all_reduce", "direct"),
+    ("zion", "all_reduce", "halving_doubling"),
+    ("zion", "reduce_scatter", "ring"),
+    ("zion", "all_gather", "direct"),
+    ("zion", "all_to_all", "direct"),
+    ("zion", "broadcast", "ring"),
+    ("zion", "reduce", "direct"),
+    ("hgx-a100", "all_reduce", "ring"),
+    ("hgx-h100", "all_reduce", "in_switch"),
+    ("zionex", "all_reduce", "hierarchical"),
+])
+def test_closed_form_equals_step_by_step_simulation(platform, name, op, algo):
+    p = platform(name)
+    ranks = 16 if algo == "hierarchical" else 8
+    model = sim.collective_model(p)
+    fast = model.run(op, float(64 << 20), list(range(ranks)), algo, "fair")
+    slow = model.run(op, float(64 << 20), list(range(ranks)), algo, "fair", 0, [], True)
+    assert fast.closed_form and not slow.closed_form and slow.transfers > 0
+    assert slow.time == pytest.approx(fast.time, rel=1e-9)
+
+
+def test_auto_picks_the_fastest_algorithm(platform):
+    p = platform("hgx-h100")
+    S = 1 * GIB
+    best = sim.collective(p, "all_reduce", S, 8)
+    for algo in ("ring", "direct", "halving_doubling", "double_binary_tree", "in_switch"):
+        assert best.time <= sim.collective_time(p, "all_reduce", S, 8, algo=algo) * (1 + 1e-12)
+    assert best.algorithm == "in_switch"
+
+
+def test_hierarchical_crosses_nodes_over_nics(platform):
+    # zionex: 2 nodes x 8 GPUs. Intra-node 16 ranks would need 2 nodes; an
+    # inter-node all_reduce is slower than the same ranks count inside a node.
+    p = platform("zionex")
+    inside = sim.collective_time(p, "all_reduce", 256 << 20, list(range(8)))
+    across = sim.collective_time(p, "all_reduce", 256 << 20, [0, 1, 2, 3, 8, 9, 10, 11])
+    assert across > inside
+    r = sim.collective(p, "all_reduce", 256 << 20, 16)
+    assert r.algorithm in {"hierarchical", "ring", "direct", "halving_doubling", "double_binary_tree"}
+
+
+def test_send_recv_between_nodes_pays_the_nic(platform):
+    # zionex, GPUDirect: oam -> pcie -> nic -> tor -> nic -> pcie -> oam. The
+    # 200 Gb/s NIC (25 GB/s) sits behind PCIe Gen4 x16 (24 GB/s effective),
+    # so PCIe is the bottleneck. Latency: 4 PCIe hops x 150 ns + 2 NIC links
+    # x (1000 ns NIC + 600/2 ns ToR).
+    p = platform("zionex")
+    S = 1e9
+    t = sim.collective_time(p, "send_recv", S, [0, 8])
+    assert t == pytest.approx(S / 24e9 + (4 * 150 + 2 * 1300) * 1e-9, rel=1e-9)
+    assert t > sim.collective_time(p, "send_recv", S, [0, 1])
+
+
+def test_rank_lists_and_counts_agree(platform):
+    p = platform()
+    assert sim.collective_time(p, "all_reduce", 1 << 20, 4) == sim.collective_time(p, "all_reduce", 1 << 20, [0, 1, 2, 3])
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    assert sim.bus_bandwidth_factor("all_reduce", 8) == pytest.approx(1.75)
+    for op in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert sim.bus_bandwidth_factor(op, 8) == pytest.approx(0.875)
+    for op in ("broadcast", "reduce", "send_recv"):
+        assert sim.bus_bandwidth_factor(op, 8) == 1
+
+
+def test_bad_requests_name_the_problem(platform):
+    p = platform()
+    with pytest.raises(IndexError, match="8 devices"):
+        sim.collective_time(p, "all_reduce", 1024, [0, 9])
+    with pytest.raises(ValueError, match="power-of-two number of ranks, got 6"):
+        sim.collective_time(p, "all_reduce", 1024, 6, algo="halving_doubling")
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'; allowed: all_reduce"):
+        sim.collective_time(p, "allreduce", 1024, 8)
+    with pytest.raises(ValueError, match="unknown collective algorithm 'tree'"):
+        sim.collective_time(p, "all_reduce", 1024, 8, algo="tree")
+    with pytest.raises(ValueError, match="listed twice"):
+        sim.collective_time(p, "all_reduce", 1024, [1, 1])
+    with pytest.raises(ValueError, match="in_switch needs"):
+        sim.collective_time(p, "all_reduce", 1024, 8, algo="in_switch")
+    with pytest.raises(ValueError, match="4x4 matrix"):
+        sim.collective(p, "all_to_all", 0, 4, all_to_all_bytes=[[1, 2], [3, 4]])
