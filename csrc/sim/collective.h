@@ -66,6 +66,8 @@ struct CollectiveSettings {
   double in_switch_efficiency = 1.0;
   bool in_switch_reduction = false;
   Algorithm default_algorithm = Algorithm::kAuto;
+  // The algorithms `auto` chooses among (empty: all of them).
+  std::vector<Algorithm> auto_algorithms;
   // Per hierarchy level (innermost first): the algorithm used inside that
   // level by kHierarchical (kAuto: the fastest).
   std::vector<Algorithm> level_algorithms;

@@ -14,8 +14,14 @@ namespace {
 
 // `auto` skips an algorithm whose plan has no closed form and would need
 // more transfers than this to simulate (e.g. trees over a thousand ranks).
-constexpr size_t kAutoSimulationLimit = 20000;
+constexpr size_t kAutoSimulationLimit = 5000;
 constexpr size_t kCacheLimit = 1 << 14;
+// Above this many transfers even a forced algorithm is estimated step by
+// step instead of simulated transfer by transfer.
+constexpr size_t kSimulationLimit = 200000;
+// `hierarchical` with auto levels does not consider plans with more flows
+// per step than this (all-pairs among a hundred nodes).
+constexpr size_t kLevelFlowLimit = 4096;
 
 const std::vector<std::pair<CollectiveOp, const char*>> kOps = {
     {CollectiveOp::kAllReduce, "all_reduce"}, {CollectiveOp::kReduceScatter, "reduce_scatter"},
@@ -121,6 +127,12 @@ struct CollectiveModel::Internals {
         return {*cf, true, 0};
       }
     }
+    if (unrolled_flow_count(plan) > kSimulationLimit) {
+      // Too many transfers to simulate one by one (a ring over a thousand
+      // ranks across nodes): step-synchronous estimate, paced by the slowest flow.
+      t.time = step_synchronous_time(plan, *model.topology_, request.mode, astra);
+      return t;
+    }
     if (!may_simulate_large && unrolled_flow_count(plan) > kAutoSimulationLimit) {
       t.time = std::numeric_limits<double>::infinity();
       return t;
@@ -203,6 +215,9 @@ struct CollectiveModel::Internals {
     for (Algorithm a : {Algorithm::kRing, Algorithm::kDirect, Algorithm::kHalvingDoubling, Algorithm::kInSwitch}) {
       PlanOutcome o = build_plan(a, op, bytes, context(group, 0));
       if (!o.not_applicable.empty()) continue;
+      bool too_wide = false;
+      for (const PlanStep& s : o.plan) too_wide = too_wide || s.flows.size() > kLevelFlowLimit;
+      if (too_wide) continue;
       Timed t = time_plan(o.plan, false);
       if (t.time < best_time) best_time = t.time, best = a;
     }
@@ -257,6 +272,7 @@ CollectiveModel::CollectiveModel(const Platform& p)
   settings_.in_switch_reduction = p.fabric.in_switch_reduction;
   settings_.in_switch_efficiency = p.fabric.in_switch_reduction_efficiency;
   settings_.default_algorithm = parse_algorithm(p.collectives.algorithm);
+  for (const auto& a : p.collectives.algorithms) settings_.auto_algorithms.push_back(parse_algorithm(a));
   level_sizes_ = {p.oam.count, p.nodes};
   for (int d = 0; d < p.total_devices(); ++d) {
     device_vertex_.push_back(zion::sim::device_vertex(*topology_, p, d));
@@ -358,7 +374,8 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
     result.closed_form = true;
   } else {
     Algorithm wanted = request.algorithm == Algorithm::kAuto ? settings_.default_algorithm : request.algorithm;
-    std::vector<Algorithm> candidates = wanted == Algorithm::kAuto ? concrete_algorithms() : std::vector<Algorithm>{wanted};
+    const auto& menu = settings_.auto_algorithms.empty() ? concrete_algorithms() : settings_.auto_algorithms;
+    std::vector<Algorithm> candidates = wanted == Algorithm::kAuto ? menu : std::vector<Algorithm>{wanted};
     if (request.op == CollectiveOp::kSendRecv) candidates = {Algorithm::kDirect};
     std::string reasons;
     result.time = std::numeric_limits<double>::infinity();

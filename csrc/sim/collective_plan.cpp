@@ -108,6 +108,43 @@ std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, Lin
   return total;
 }
 
+Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+  std::vector<int> users(t.links().size(), 0);
+  Seconds total = 0;
+  for (const PlanStep& step : plan) {
+    std::vector<int> touched;
+    for (const PlanFlow& f : step.flows) {
+      for (const Path& p : t.route(f.src, f.dst).paths) {
+        for (int l : p.links) {
+          if (users[l]++ == 0) touched.push_back(l);
+        }
+      }
+    }
+    Seconds worst = 0;
+    for (const PlanFlow& f : step.flows) {
+      const Route& r = t.route(f.src, f.dst);
+      for (const Path& p : r.paths) {
+        double bytes = f.bytes / static_cast<double>(r.paths.size());
+        Seconds time = 0;
+        if (mode == LinkMode::kAstra) {
+          for (int l : p.links) time += users[l] * astra_link_time(t.links()[l], bytes);
+          time += astra.endpoint_delay + astra_reduction_time(astra, f.reduce_bytes);
+        } else {
+          double rate = std::numeric_limits<double>::infinity();
+          for (int l : p.links) {
+            rate = std::min(rate, t.links()[l].bandwidth / (mode == LinkMode::kFair ? users[l] : 1));
+          }
+          time = p.latency + bytes / rate;
+        }
+        worst = std::max(worst, time);
+      }
+    }
+    for (int l : touched) users[l] = 0;
+    total += worst * step.repeat;
+  }
+  return total;
+}
+
 Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra, int copies,
                       int* transfers) {
   std::vector<Transfer> flat;

@@ -58,6 +58,11 @@ size_t unrolled_flow_count(const Plan& plan);
 std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topology, LinkMode mode,
                                         const AstraParams& astra);
 
+// An estimate for plans too large to simulate: steps run one after another,
+// each as long as its slowest flow at min over its links of bandwidth /
+// flows on the link. Exact where closed_form_time applies.
+Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra);
+
 // `copies` independent instances of the plan run at once (ASTRA's active chunks).
 Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra,
                       int copies, int* transfers);

@@ -101,6 +101,7 @@ struct AstraSpec {
 
 struct CollectiveSpec {
   std::string algorithm = "auto";
+  std::vector<std::string> algorithms;  // what `auto` may choose from (the collective library's menu)
   Seconds base_latency = 0;
   int pipeline_chunks = 1;
   AstraSpec astra;

@@ -290,6 +290,14 @@ void read_fabric(JsonFields& root, Platform& p) {
 void read_collectives(JsonFields& root, Platform& p) {
   JsonFields c = root.object("collectives");
   p.collectives.algorithm = c.choice("algorithm", kAlgorithms);
+  std::vector<std::string> concrete(kAlgorithms.begin() + 1, kAlgorithms.end());
+  for (const auto& a : c.array("algorithms")) {
+    if (!a.is_string() || std::find(concrete.begin(), concrete.end(), a.get<std::string>()) == concrete.end()) {
+      c.fail("algorithms", "lists " + a.dump() + "; allowed: " + join(concrete));
+    }
+    p.collectives.algorithms.push_back(a.get<std::string>());
+  }
+  if (p.collectives.algorithms.empty()) c.fail("algorithms", "must list at least one algorithm for auto to choose from");
   p.collectives.base_latency = from_ns(c.non_negative("base_latency_ns"));
   p.collectives.pipeline_chunks = c.integer("pipeline_chunks", 1);
   JsonFields a = c.object("astra");

@@ -1,0 +1,43 @@
+"""``zion-emu demo`` (what ``make demo`` runs): the platform, two collective sweeps,
+and which fabric wins.
+
+Until the PyTorch device exists this shows the hardware model alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from zion_emu import sim
+from zion_emu.cli import add_platform_arguments, platform_from
+from zion_emu.cli.compare import OPS, compare_topologies, verdict
+from zion_emu.cli.info import summary
+from zion_emu.cli.sizes import size_sweep
+from zion_emu.cli.sweep import sweep, table
+
+RANKS = 8
+SIZES = size_sweep(8, 1 << 30, 8)  # 8 B .. 1 GiB, x8 per row to keep it short
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("demo", help="a short tour: the platform, two collectives, ring vs fully connected",
+                              description="Print the platform, all_reduce and all_to_all over 8 ranks from 8 B to "
+                                          "1 GiB, and whether a fully connected or a ring fabric is faster.")
+    add_platform_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    platform = platform_from(args)
+    ranks = min(RANKS, platform.total_devices)
+    print(summary(platform))
+    for op in OPS:
+        rows = sweep(lambda o, n: sim.collective(platform, o, n, ranks), op, ranks, "fair", SIZES, "float", 0)
+        print()
+        print(table(rows, [f"{op} over {ranks} ranks on {platform.name}, mode fair (max-min fair link sharing)"]))
+    comparison = compare_topologies(args.platform, args.assignments, ranks, SIZES[-1:], "auto", "fair", "float")
+    print()
+    for op, rows in comparison.items():
+        print(verdict(op, rows))
+    return 0

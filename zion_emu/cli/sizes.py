@@ -1,0 +1,50 @@
+"""Message sizes and element types as nccl-tests spells them."""
+
+from __future__ import annotations
+
+import re
+
+from zion_emu.cli import CliError
+
+# nccl-tests' parsesize: K, M, G are powers of two (1K = 1024).
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^(\d+)([KMGT]?)$", re.IGNORECASE)
+
+# nccl-tests' -d names and their element sizes in bytes.
+ELEMENT_BYTES = {
+    "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+    "half": 2, "float": 4, "double": 8, "bfloat16": 2,
+}
+
+
+def parse_size(text: str) -> int:
+    """``"8"`` -> 8, ``"1K"`` -> 1024, ``"8G"`` -> 8 * 2**30."""
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise CliError(f"bad size {text!r}: expected a whole number of bytes with an optional "
+                       "K, M, G or T suffix (powers of two, 1K = 1024)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def size_sweep(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
+    """min, min·f, min·f², ... up to max, as nccl-tests' -b/-e/-f."""
+    if min_bytes < 1:
+        raise CliError(f"--min-bytes must be at least 1, got {min_bytes}")
+    if min_bytes > max_bytes:
+        raise CliError(f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}")
+    if step_factor < 2:
+        raise CliError(f"--step-factor must be at least 2, got {step_factor}")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= step_factor
+    return sizes
+
+
+def human_bytes(n: float) -> str:
+    """8 -> '8 B', 1048576 -> '1 MiB', 3 * 2**30 -> '3 GiB'."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.4g} B"
