@@ -120,12 +120,19 @@ struct CollectiveModel::Internals {
     return c;
   }
 
-  Timed time_plan(const Plan& plan, bool may_simulate_large) const {
+  // `beat`: the time to beat (auto's best so far, fixed latency excluded);
+  // a plan whose lower bound cannot beat it is not simulated.
+  Timed time_plan(const Plan& plan, bool may_simulate_large,
+                  Seconds beat = std::numeric_limits<double>::infinity()) const {
     Timed t;
     if (!request.force_simulation) {
       if (auto cf = closed_form_time(plan, *model.topology_, request.mode, astra)) {
         return {*cf, true, 0};
       }
+    }
+    if (request.mode != LinkMode::kAstra && std::isfinite(beat) && critical_path_time(plan, *model.topology_) >= beat) {
+      t.time = std::numeric_limits<double>::infinity();
+      return t;
     }
     if (unrolled_flow_count(plan) > kSimulationLimit) {
       // Too many transfers to simulate one by one (a ring over a thousand
@@ -230,7 +237,7 @@ struct CollectiveModel::Internals {
   }
 
   // Time of one algorithm, or +inf with the reason it does not apply.
-  Timed time_algorithm(Algorithm a, bool forced, std::string* why) const {
+  Timed time_algorithm(Algorithm a, bool forced, std::string* why, Seconds beat) const {
     const auto& s = model.settings_;
     if (request.mode == LinkMode::kAstra) {
       // ASTRA-sim cuts the collective into dataset splits and runs
@@ -257,7 +264,7 @@ struct CollectiveModel::Internals {
       *why = o.not_applicable;
       return {std::numeric_limits<double>::infinity(), false, 0};
     }
-    Timed t = time_plan(o.plan, forced);
+    Timed t = time_plan(o.plan, forced, beat - s.base_latency);
     t.time += s.base_latency;
     return t;
   }
@@ -381,7 +388,7 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
     result.time = std::numeric_limits<double>::infinity();
     for (Algorithm a : candidates) {
       std::string why;
-      Timed t = in.time_algorithm(a, wanted != Algorithm::kAuto, &why);
+      Timed t = in.time_algorithm(a, wanted != Algorithm::kAuto, &why, result.time);
       if (!why.empty()) reasons += (reasons.empty() ? "" : "; ") + why;
       if (t.time < result.time) {
         result.time = t.time;

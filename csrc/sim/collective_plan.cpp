@@ -145,8 +145,11 @@ Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode
   return total;
 }
 
-Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra, int copies,
-                      int* transfers) {
+namespace {
+
+// The transfers of a plan, each waiting for what its sender sent and
+// received in the sender's previous step.
+std::vector<Transfer> unroll(const Plan& plan, int copies) {
   std::vector<Transfer> flat;
   flat.reserve(unrolled_flow_count(plan) * static_cast<size_t>(copies));
   for (int c = 0; c < copies; ++c) {
@@ -171,6 +174,32 @@ Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const 
       }
     }
   }
+  return flat;
+}
+
+}  // namespace
+
+Seconds critical_path_time(const Plan& plan, const Topology& t) {
+  std::vector<Transfer> flat = unroll(plan, 1);
+  std::vector<Seconds> end(flat.size(), 0);
+  Seconds makespan = 0;
+  for (size_t i = 0; i < flat.size(); ++i) {
+    Seconds start = 0;
+    for (int d : flat[i].deps) start = std::max(start, end[d]);
+    const Route& r = t.route(flat[i].src, flat[i].dst);
+    Seconds alone = 0;
+    for (const Path& p : r.paths) {
+      alone = std::max(alone, p.latency + flat[i].bytes / static_cast<double>(r.paths.size()) / p.bottleneck);
+    }
+    end[i] = start + alone;
+    makespan = std::max(makespan, end[i]);
+  }
+  return makespan;
+}
+
+Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra, int copies,
+                      int* transfers) {
+  std::vector<Transfer> flat = unroll(plan, copies);
   if (transfers) *transfers = static_cast<int>(flat.size());
   if (flat.empty()) return 0;
   return simulate(t, flat, mode, astra).makespan;

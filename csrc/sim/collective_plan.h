@@ -63,6 +63,11 @@ std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topolo
 // flows on the link. Exact where closed_form_time applies.
 Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra);
 
+// A lower bound of the fair and unaware times: the longest chain of
+// dependent transfers, each alone on its path. Lets `auto` skip simulating
+// an algorithm that cannot beat one already timed.
+Seconds critical_path_time(const Plan& plan, const Topology& topology);
+
 // `copies` independent instances of the plan run at once (ASTRA's active chunks).
 Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra,
                       int copies, int* transfers);
