@@ -219,7 +219,9 @@ struct CollectiveModel::Internals {
   Algorithm fastest_level_algorithm(CollectiveOp op, double bytes, const std::vector<int>& group) const {
     Algorithm best = Algorithm::kRing;
     double best_time = std::numeric_limits<double>::infinity();
+    size_t n = group.size();
     for (Algorithm a : {Algorithm::kRing, Algorithm::kDirect, Algorithm::kHalvingDoubling, Algorithm::kInSwitch}) {
+      if (a == Algorithm::kDirect && n * (n - 1) > kLevelFlowLimit) continue;  // all pairs of a hundred nodes
       PlanOutcome o = build_plan(a, op, bytes, context(group, 0));
       if (!o.not_applicable.empty()) continue;
       bool too_wide = false;

@@ -98,7 +98,10 @@ size_t unrolled_flow_count(const Plan& plan) {
 }
 
 std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
-  std::vector<int> users(t.links().size(), 0);
+  // Per-link flow counts, all zero between calls; kept per thread so a
+  // query on a large machine does not clear thousands of counters.
+  thread_local std::vector<int> users;
+  if (users.size() < t.links().size()) users.assign(t.links().size(), 0);
   Seconds total = 0;
   for (const PlanStep& step : plan) {
     auto st = step_time(step, t, mode, astra, users);
