@@ -65,6 +65,7 @@ struct CollectiveSettings {
   BytesPerSecond local_memory_bandwidth = 0;  // for ASTRA's reduction cost
   double in_switch_efficiency = 1.0;
   bool in_switch_reduction = false;
+  Seconds in_switch_latency = 0;
   Algorithm default_algorithm = Algorithm::kAuto;
   // The algorithms `auto` chooses among (empty: all of them).
   std::vector<Algorithm> auto_algorithms;
@@ -91,7 +92,9 @@ class CollectiveModel {
   int device_count() const { return static_cast<int>(device_vertex_.size()); }
   int device_vertex(int device) const;
 
-  struct Internals;
+  struct Internals;  // per-request timing (collective_timing.cpp)
+  struct Template;   // a plan's time as a function of size, per rank set
+  struct Layout;     // how a rank set splits into hierarchy levels
 
  private:
   CollectiveResult compute(const CollectiveRequest& request) const;
@@ -107,6 +110,8 @@ class CollectiveModel {
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, CollectiveResult> cache_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const Template>> templates_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const Layout>> layouts_;
 };
 
 }  // namespace zion::sim

@@ -76,7 +76,9 @@ std::optional<Seconds> step_time(const PlanStep& step, const Topology& t, LinkMo
 
 }  // namespace
 
-void append_plan(Plan& into, const Plan& phase) { into.insert(into.end(), phase.begin(), phase.end()); }
+void append_plan(Plan& into, const Plan& phase) {
+  for (const PlanStep& step : phase) into.push_back(step);
+}
 
 Plan merge_parallel(const std::vector<Plan>& groups) {
   if (groups.empty()) return {};
@@ -85,7 +87,8 @@ Plan merge_parallel(const std::vector<Plan>& groups) {
     if (groups[g].size() != out.size()) throw std::logic_error("parallel groups have plans of different shapes");
     for (size_t s = 0; s < out.size(); ++s) {
       if (groups[g][s].repeat != out[s].repeat) throw std::logic_error("parallel groups repeat steps differently");
-      out[s].flows.insert(out[s].flows.end(), groups[g][s].flows.begin(), groups[g][s].flows.end());
+      const auto& more = groups[g][s].flows;
+      if (!more.empty()) out[s].flows.insert(out[s].flows.end(), more.begin(), more.end());
     }
   }
   return out;
@@ -182,7 +185,7 @@ std::vector<Transfer> unroll(const Plan& plan, int copies) {
 
 }  // namespace
 
-Seconds critical_path_time(const Plan& plan, const Topology& t) {
+Seconds critical_path_time(const Plan& plan, const Topology& t, bool with_latency) {
   std::vector<Transfer> flat = unroll(plan, 1);
   std::vector<Seconds> end(flat.size(), 0);
   Seconds makespan = 0;
@@ -192,7 +195,7 @@ Seconds critical_path_time(const Plan& plan, const Topology& t) {
     const Route& r = t.route(flat[i].src, flat[i].dst);
     Seconds alone = 0;
     for (const Path& p : r.paths) {
-      alone = std::max(alone, p.latency + flat[i].bytes / static_cast<double>(r.paths.size()) / p.bottleneck);
+      alone = std::max(alone, (with_latency ? p.latency : 0) + flat[i].bytes / static_cast<double>(r.paths.size()) / p.bottleneck);
     }
     end[i] = start + alone;
     makespan = std::max(makespan, end[i]);

@@ -65,8 +65,9 @@ Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkMo
 
 // A lower bound of the fair and unaware times: the longest chain of
 // dependent transfers, each alone on its path. Lets `auto` skip simulating
-// an algorithm that cannot beat one already timed.
-Seconds critical_path_time(const Plan& plan, const Topology& topology);
+// an algorithm that cannot beat one already timed. Without latency it bounds
+// the size-proportional part alone.
+Seconds critical_path_time(const Plan& plan, const Topology& topology, bool with_latency = true);
 
 // `copies` independent instances of the plan run at once (ASTRA's active chunks).
 Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra,

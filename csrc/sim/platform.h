@@ -77,6 +77,7 @@ struct FabricSpec {
   Seconds latency = 0;  // per hop
   bool in_switch_reduction = false;
   double in_switch_reduction_efficiency = 1.0;
+  Seconds in_switch_latency = 0;  // fixed cost of one in-switch collective, besides base latency
 };
 
 struct NicSpec {

@@ -281,6 +281,7 @@ void read_fabric(JsonFields& root, Platform& p) {
   p.fabric.latency = from_ns(f.non_negative("latency_ns"));
   p.fabric.in_switch_reduction = f.boolean("in_switch_reduction");
   p.fabric.in_switch_reduction_efficiency = f.fraction("in_switch_reduction_efficiency");
+  p.fabric.in_switch_latency = from_ns(f.non_negative("in_switch_latency_ns"));
   if (p.fabric.in_switch_reduction && p.fabric.topology != FabricTopology::kSwitch) {
     f.fail("in_switch_reduction", "is true, but only fabric.topology = switch can reduce in the switch");
   }
