@@ -5,6 +5,7 @@ Install (after `pip install -r requirements.txt`):
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir), *generator, *args])
         jobs = os.environ.get("ZION_BUILD_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs])
+        # _C finds libzion_emu (the device library) beside itself ($ORIGIN):
+        # in the build's output and in the source package (editable installs).
+        library = build_dir / "libzion_emu.so"
+        for target in {out_dir, ROOT / "zion_emu"}:
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(library, target / library.name)
 
 
 setup(
@@ -53,7 +60,7 @@ setup(
     version="0.1.0",
     description="A virtual Facebook Zion training platform as a PyTorch device",
     packages=find_packages(include=["zion_emu", "zion_emu.*"]),
-    package_data={"zion_emu": ["platforms/*.json"]},
+    package_data={"zion_emu": ["platforms/*.json", "libzion_emu.so"]},
     ext_modules=[CMakeExtension("zion_emu._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",

@@ -4,7 +4,14 @@ This package registers and configures; the model of the hardware lives in
 the native core (``zion_emu._C``), reached through :mod:`zion_emu.sim`.
 """
 
+import torch  # noqa: F401  (the native core links libtorch)
+
 from zion_emu.platform import ConfigError, Platform, load_platform, preset_names
 
 __all__ = ["ConfigError", "Platform", "load_platform", "preset_names"]
 __version__ = "0.1.0"
+
+
+from zion_emu._register import register as _register  # noqa: E402
+
+_register()

@@ -10,6 +10,7 @@ namespace py = pybind11;
 void bind_platform(py::module_& sim);
 void bind_collectives(py::module_& sim);
 void bind_op_cost(py::module_& sim);
+void bind_device(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zion-emu native core";
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_C, m) {
   bind_platform(sim);
   bind_collectives(sim);
   bind_op_cost(sim);
+  bind_device(m);
 }

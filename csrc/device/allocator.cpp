@@ -1,0 +1,158 @@
+#include "device/allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "device/runtime.h"
+
+namespace zion::device {
+namespace {
+
+using c10::CachingAllocator::StatType;
+constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
+
+// What the deleter needs to give the bytes back to their pool.
+struct Allocation {
+  c10::DeviceIndex device;
+  size_t nbytes;
+  void* ptr;            // our own bytes (alloc_cpu), or null
+  c10::DataPtr adopted;  // bytes adopted from another allocator, freed by its deleter
+};
+
+void delete_allocation(void* context) {
+  std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
+  allocator().release(a->device, a->ptr, a->nbytes);
+}
+
+std::string gib(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+}  // namespace
+
+HbmAllocator& allocator() {
+  static HbmAllocator instance;
+  return instance;
+}
+
+void HbmAllocator::configure(const sim::Platform& platform) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pools_.assign(platform.oam.count, Pool{});
+  for (auto& p : pools_) p.capacity = platform.oam.hbm_bytes;
+}
+
+size_t HbmAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t total = 0;
+  for (const auto& p : pools_) total += p.stats.allocated_bytes[kAggregate].current;
+  return static_cast<size_t>(total);
+}
+
+HbmAllocator::Pool& HbmAllocator::pool(c10::DeviceIndex device) {
+  TORCH_CHECK_INDEX(device >= 0 && device < static_cast<c10::DeviceIndex>(pools_.size()), "zion: device index ",
+                    static_cast<int>(device), " is out of range (0..", pools_.size() - 1, ")");
+  return pools_[device];
+}
+
+void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Pool& p = pool(device);
+  auto& in_use = p.stats.allocated_bytes[kAggregate];
+  if (in_use.current + static_cast<int64_t>(nbytes) > p.capacity) {
+    p.stats.num_ooms += 1;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of HBM on zion:", static_cast<int>(device),
+                     ". Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
+                     gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
+                     gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
+  }
+  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
+                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
+    stat->increase(nbytes);
+  }
+  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
+    stat->increase(1);
+  }
+}
+
+c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
+  runtime();  // pools are sized by the platform
+  c10::DeviceIndex device = current_device();
+  reserve(device, nbytes);
+  c10::Device where(c10::DeviceType::PrivateUse1, device);
+  void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
+}
+
+c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
+  reserve(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  void* data = bytes.get();
+  return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
+          c10::Device(c10::DeviceType::PrivateUse1, device)};
+}
+
+void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
+  if (ptr) c10::free_cpu(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device >= static_cast<c10::DeviceIndex>(pools_.size())) return;  // platform replaced meanwhile
+  Pool& p = pools_[device];
+  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
+                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
+    stat->decrease(nbytes);
+  }
+  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
+    stat->decrease(1);
+  }
+}
+
+c10::DeleterFnPtr HbmAllocator::raw_deleter() const { return nullptr; }
+
+void HbmAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count) std::memcpy(dest, src, count);
+}
+
+c10::CachingDeviceAllocator::DeviceStats HbmAllocator::getDeviceStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pool(device).stats;
+}
+
+void HbmAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& s = pool(device).stats;
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& stat : *arr) stat.reset_accumulated();
+  }
+  s.num_ooms = 0;
+  s.num_alloc_retries = 0;
+}
+
+void HbmAllocator::resetPeakStats(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& s = pool(device).stats;
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (auto& stat : *arr) stat.reset_peak();
+  }
+}
+
+std::pair<size_t, size_t> HbmAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Pool& p = pool(device);
+  int64_t used = p.stats.allocated_bytes[kAggregate].current;
+  return {static_cast<size_t>(p.capacity - used), static_cast<size_t>(p.capacity)};
+}
+
+int64_t HbmAllocator::capacity(c10::DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
+  return const_cast<HbmAllocator*>(this)->pool(device).capacity;
+}
+
+// The allocator of every zion tensor.
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator());
+
+}  // namespace zion::device

@@ -1,0 +1,52 @@
+#include "device/generator.h"
+
+#include <mutex>
+#include <vector>
+
+#include "device/runtime.h"
+
+namespace zion::device {
+
+Generator::Generator(c10::DeviceIndex device, uint64_t seed)
+    : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
+                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      cpu_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+void Generator::set_current_seed(uint64_t seed) { cpu_.set_current_seed(seed); }
+void Generator::set_offset(uint64_t offset) { cpu_.set_offset(offset); }
+uint64_t Generator::get_offset() const { return cpu_.get_offset(); }
+uint64_t Generator::current_seed() const { return cpu_.current_seed(); }
+uint64_t Generator::seed() { return cpu_.seed(); }
+void Generator::set_state(const c10::TensorImpl& new_state) { cpu_.unsafeGetGeneratorImpl()->set_state(new_state); }
+c10::intrusive_ptr<c10::TensorImpl> Generator::get_state() const { return cpu_.unsafeGetGeneratorImpl()->get_state(); }
+
+Generator* Generator::clone_impl() const {
+  auto* copy = new Generator(device_.index());
+  copy->cpu_ = cpu_.clone();
+  return copy;
+}
+
+const at::Generator& default_generator(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::vector<at::Generator> generators;
+  check_device(device);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (generators.empty()) {
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      generators.push_back(at::make_generator<Generator>(d, c10::default_rng_seed_val));
+    }
+  }
+  return generators.at(device);
+}
+
+at::Generator cpu_generator_for(const std::optional<at::Generator>& gen, c10::DeviceIndex device) {
+  if (gen.has_value() && gen->defined()) {
+    if (gen->device().is_cpu()) return *gen;
+    auto* z = dynamic_cast<Generator*>(gen->unsafeGetGeneratorImpl());
+    TORCH_CHECK(z, "zion: a generator of device ", gen->device(), " cannot drive a zion op");
+    return z->cpu();
+  }
+  return static_cast<Generator*>(default_generator(device).unsafeGetGeneratorImpl())->cpu();
+}
+
+}  // namespace zion::device

@@ -1,0 +1,62 @@
+// PrivateUse1 hooks: what ATen asks a backend (availability, devices,
+// generators, pinned memory, resizing storage).
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstring>
+
+#include "device/allocator.h"
+#include "device/generator.h"
+#include "device/runtime.h"
+
+namespace zion::device {
+namespace {
+
+struct Hooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    return default_generator(device_index < 0 ? current_device() : device_index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    return at::make_generator<Generator>(device_index < 0 ? current_device() : device_index);
+  }
+  at::Device getDeviceFromPtr(void* /*data*/) const override {
+    return {c10::DeviceType::PrivateUse1, current_device()};
+  }
+  bool isPinnedPtr(const void* /*data*/) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
+  c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex device) const override {
+    auto old = current_device();
+    set_current_device(device);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
+
+  // Storage of a zion tensor grows: new bytes from the same pool, old ones copied.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    auto* impl = storage.unsafeGetStorageImpl();
+    c10::DeviceIndex device = storage.device().index();
+    auto previous = current_device();
+    set_current_device(device);
+    c10::DataPtr fresh = allocator().allocate(newsize);
+    set_current_device(previous);
+    size_t keep = std::min(newsize, impl->nbytes());
+    if (keep) std::memcpy(fresh.get(), impl->data(), keep);
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
+};
+
+struct Registration {
+  Registration() { at::RegisterPrivateUse1HooksInterface(new Hooks()); }
+};
+const Registration registration;
+
+}  // namespace
+}  // namespace zion::device

@@ -1,0 +1,136 @@
+// Kernels that must be native to zion: tensor creation, storage and view
+// metadata, copies between devices, and reading a scalar back to the host.
+// Everything else runs through the fallback (fallback.cpp).
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include "device/allocator.h"
+#include "device/copy.h"
+#include "device/runtime.h"
+#include "device/tensor_alias.h"
+
+namespace zion::device {
+namespace {
+
+constexpr auto kZionKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+
+// Allocations go to the pool of the requested device.
+struct DeviceScope {
+  c10::DeviceIndex previous;
+  explicit DeviceScope(std::optional<c10::Device> device) : previous(current_device()) {
+    if (device && device->has_index()) set_current_device(device->index());
+  }
+  ~DeviceScope() { set_current_device(previous); }
+};
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty supports strided tensors here, not ", *layout);
+  DeviceScope scope(device);
+  return at::detail::empty_generic(size, &allocator(), kZionKeys, c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty_strided supports strided tensors, not ", *layout);
+  DeviceScope scope(device);
+  return at::detail::empty_strided_generic(size, stride, &allocator(), kZionKeys, c10::dtype_or_default(dtype));
+}
+
+// Grows the storage if the new shape needs more bytes; never shrinks it.
+void ensure_storage(const at::Tensor& self, int64_t bytes_needed) {
+  auto* storage = self.storage().unsafeGetStorageImpl();
+  if (bytes_needed <= static_cast<int64_t>(storage->nbytes())) return;
+  TORCH_CHECK(storage->resizable(), "zion: trying to resize storage that is not resizable");
+  DeviceScope scope(self.device());
+  at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(self.storage(), static_cast<size_t>(bytes_needed));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  int64_t numel = c10::multiply_integers(size);
+  impl->set_sizes_contiguous(size);
+  if (numel > 0) {
+    ensure_storage(self, (impl->storage_offset() + numel) * static_cast<int64_t>(self.element_size()));
+  }
+  if (format && *format != c10::MemoryFormat::Preserve) impl->empty_tensor_restride(*format);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().is_privateuseone(), "zion: set_ expects zion storage, got storage on ", source.device());
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  impl->set_sizes_and_strides(size, stride, offset);
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  int64_t numel = static_cast<int64_t>(source.nbytes()) / static_cast<int64_t>(self.element_size());
+  std::vector<int64_t> size{numel}, stride{1};
+  return set_storage(self, std::move(source), 0, size, stride);
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  DeviceScope scope(self.device());
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &allocator(), true);
+  std::vector<int64_t> size{0}, stride{1};
+  return set_storage(self, std::move(empty), 0, size, stride);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  // The host reads a device value: it waits for the device first.
+  runtime().timeline.wait_device(self.device().index());
+  return at::_local_scalar_dense(cpu_alias(self));
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  copy_between(self, dst, non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) {
+    if (dst.device().is_privateuseone()) {
+      resize_(dst, self.sizes(), std::nullopt);
+    } else {
+      at::native::resize_(dst, self.sizes());
+    }
+  }
+  copy_between(self, dst, false);
+  return dst;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+  m.impl("as_strided", &at::native::as_strided_tensorimpl);
+  m.impl("view", &at::native::view);
+  m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("resize_", &resize_);
+  m.impl("set_.source_Storage_storage_offset", &set_storage);
+  m.impl("set_.source_Storage", &set_source_storage);
+  m.impl("set_.source_Tensor", &set_source_tensor);
+  m.impl("set_", &set_empty);
+  m.impl("_local_scalar_dense", &local_scalar_dense);
+  m.impl("_copy_from", &copy_from);
+  m.impl("_copy_from_and_resize", &copy_from_and_resize);
+}
+
+}  // namespace zion::device

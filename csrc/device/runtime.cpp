@@ -1,0 +1,70 @@
+#include "device/runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "device/allocator.h"
+#include "sim/platform_loader.h"
+#include "sim/platform_topology.h"
+
+namespace zion::device {
+namespace {
+
+std::mutex g_mutex;
+std::unique_ptr<Runtime> g_runtime;
+thread_local c10::DeviceIndex t_current_device = 0;
+
+std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
+  auto rt = std::make_unique<Runtime>();
+  rt->platform = platform;
+  rt->cost = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::oam(platform));
+  rt->timeline.resize(platform.oam.count);
+  rt->topology = sim::build_topology(platform);
+  return rt;
+}
+
+}  // namespace
+
+Runtime& runtime() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_runtime) {
+    const char* name = std::getenv("ZION_PLATFORM");
+    g_runtime = make_runtime(sim::load_platform(name && *name ? name : "zion"));
+    allocator().configure(g_runtime->platform);
+  }
+  return *g_runtime;
+}
+
+bool initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_runtime != nullptr;
+}
+
+void set_platform(const sim::Platform& platform) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(allocator().bytes_in_use() == 0,
+              "zion: set_platform must come before any zion tensor is made; ", allocator().bytes_in_use(),
+              " bytes are allocated on the current platform '", g_runtime ? g_runtime->platform.name : "", "'");
+  g_runtime = make_runtime(platform);
+  allocator().configure(platform);
+}
+
+c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }
+
+void check_device(c10::DeviceIndex index) {
+  auto n = device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < n, "zion: device index ", static_cast<int>(index),
+                    " is out of range; platform '", runtime().platform.name, "' has ", static_cast<int>(n),
+                    " devices per node (zion:0 .. zion:", static_cast<int>(n) - 1, ")");
+}
+
+c10::DeviceIndex current_device() { return t_current_device; }
+
+void set_current_device(c10::DeviceIndex index) {
+  check_device(index);
+  t_current_device = index;
+}
+
+}  // namespace zion::device

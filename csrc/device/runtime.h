@@ -1,0 +1,39 @@
+#pragma once
+// The process-wide state of the zion device: the active platform, the op
+// cost model, the virtual timeline, and the current device of each thread.
+//
+// The platform is fixed at first use: `set_platform` before any tensor is
+// made (ZION_PLATFORM names a preset otherwise; "zion" by default).
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+
+#include "sim/op_cost.h"
+#include "sim/platform.h"
+#include "sim/timeline.h"
+#include "sim/topology.h"
+
+namespace zion::device {
+
+struct Runtime {
+  sim::Platform platform;
+  std::unique_ptr<sim::OpCostModel> cost;
+  sim::Timeline timeline;
+  sim::Topology topology;  // of one node: copies stay within the rank's node
+};
+
+// The runtime, created on first use.
+Runtime& runtime();
+// Replaces the platform; refused once the device is in use (pools hold memory).
+void set_platform(const sim::Platform& platform);
+bool initialized();
+
+c10::DeviceIndex device_count();
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);
+// Throws an error naming the allowed range for an index that is not a device.
+void check_device(c10::DeviceIndex index);
+
+}  // namespace zion::device

@@ -1,0 +1,44 @@
+#pragma once
+// Zero-copy bridges between zion tensors and CPU tensors.
+//
+// A CPU alias of a zion tensor is a CPU tensor over a CPU storage that
+// points at the zion storage's bytes (and keeps that storage alive): same
+// memory, nothing copied. CPU view kernels make CPU views of it; a CPU
+// kernel that must grow it (an out= argument of the wrong size) gets fresh
+// bytes, which then move into the zion storage's pool without a copy.
+//
+// A zion tensor made from a CPU result is either a view of an argument
+// (its storage is one of the aliases') or a fresh buffer adopted into the
+// device's HBM pool without copying.
+
+#include <ATen/Tensor.h>
+
+#include <unordered_map>
+
+namespace zion::device {
+
+class AliasSet {
+ public:
+  explicit AliasSet(c10::DeviceIndex device) : device_(device) {}
+
+  // The CPU alias of a zion tensor.
+  at::Tensor alias(const at::Tensor& zion_tensor);
+  // After the CPU kernel: storages it grew move back into their zion storages.
+  void commit();
+  // A CPU result as a zion tensor (view of an argument, or adopted).
+  at::Tensor to_zion(const at::Tensor& cpu_result);
+
+ private:
+  c10::DeviceIndex device_;
+  std::unordered_map<c10::StorageImpl*, c10::Storage> alias_of_;  // zion storage -> alias storage
+  std::unordered_map<c10::StorageImpl*, c10::Storage> zion_of_;   // alias storage -> zion storage
+  std::unordered_map<c10::StorageImpl*, c10::Storage> adopted_;   // fresh CPU storage -> zion storage
+};
+
+// One alias, for kernels that read a zion tensor once (copies, scalars).
+at::Tensor cpu_alias(const at::Tensor& zion_tensor);
+
+// Copies sizes, strides and offset of `from` onto `to` (a mutated argument).
+void sync_metadata(const at::Tensor& from, const at::Tensor& to);
+
+}  // namespace zion::device

@@ -1,0 +1,132 @@
+"""The zion device: registration, numerics equal to CPU, aliasing, memory
+pools and out-of-memory, device errors, and modeled time."""
+
+import pytest
+import torch
+
+import zion_emu  # noqa: F401  (registers the device)
+from zion_emu import _C
+
+GIB = 1 << 30
+
+
+def test_device_is_registered_like_cuda():
+    assert torch.zion.is_available()
+    assert torch.zion.device_count() == 8  # OAMs per node of the zion preset
+    t = torch.ones(2).zion()
+    assert t.is_zion and t.device == torch.device("zion", 0)
+    assert torch.empty(3, device="zion:5").device.index == 5
+
+
+def test_results_equal_cpu_bit_for_bit():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 48), torch.randn(48, 32)
+    za, zb = a.to("zion"), b.to("zion")
+    assert torch.equal((za @ zb).cpu(), a @ b)
+    assert torch.equal((za.sin() * 3 + 1).cpu(), a.sin() * 3 + 1)
+    assert torch.equal(za.sum(dim=0).cpu(), a.sum(dim=0))
+    assert torch.equal(torch.softmax(za, dim=1).cpu(), torch.softmax(a, dim=1))
+    assert za.max().item() == a.max().item()
+
+
+def test_mlp_training_matches_cpu_exactly():
+    def train(device):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(2)
+        losses = []
+        for _ in range(10):
+            x = torch.randn(8, 16, generator=g).to(device)
+            y = torch.randn(8, 1, generator=g).to(device)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    assert train("zion") == train("cpu")
+
+
+def test_views_in_place_and_out_share_storage():
+    z = torch.zeros(3, 4, device="zion")
+    row = z[1]
+    row.add_(5)  # in place through a view
+    assert z.cpu()[1].tolist() == [5.0] * 4
+    t = z.t()
+    assert t.data_ptr() == z.data_ptr() and t.is_zion
+    out = torch.empty(0, device="zion")
+    torch.add(torch.ones(5, device="zion"), 1, out=out)  # out= resized by the kernel
+    assert out.shape == (5,) and out.cpu().tolist() == [2.0] * 5
+
+
+def test_memory_stats_follow_allocations():
+    torch.zion.synchronize()
+    base = torch.zion.memory_allocated()
+    torch.zion.reset_peak_memory_stats()
+    x = torch.empty(1024, device="zion")  # 4 KiB
+    assert torch.zion.memory_allocated() == base + 4096
+    del x
+    assert torch.zion.memory_allocated() == base
+    assert torch.zion.max_memory_allocated() == base + 4096
+
+
+def test_out_of_memory_names_device_request_and_capacity_and_loses_nothing():
+    keep = torch.arange(10.0, device="zion:1")
+    before = torch.zion.memory_allocated(1)
+    capacity = torch.zion.mem_get_info(1)[1]
+    assert capacity == 32 * GIB  # zion preset HBM per OAM
+    with pytest.raises(torch.OutOfMemoryError, match=r"zion:1.*Tried to allocate 32.00 GiB.*of its 32.00 GiB"):
+        torch.empty(capacity // 4, device="zion:1")
+    assert torch.zion.memory_allocated(1) == before
+    assert keep.cpu().tolist() == list(map(float, range(10)))
+    ok = torch.empty(1000, device="zion:1")  # freed memory is usable at once
+    assert ok.numel() == 1000
+
+
+def test_device_index_out_of_range_is_a_clear_error():
+    with pytest.raises(IndexError, match=r"device index 9 is out of range; platform 'zion' has 8 devices"):
+        torch.empty(1, device="zion:9")
+    with pytest.raises(IndexError, match="out of range"):
+        torch.zion.set_device(8)
+
+
+def test_mixing_with_cpu_tensors_uses_cudas_wording_but_allows_cpu_scalars():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two devices"):
+        torch.ones(3, device="zion") + torch.ones(3)
+    assert (torch.ones(3, device="zion") + torch.tensor(2.0)).cpu().tolist() == [3.0] * 3
+
+
+def test_matmul_takes_its_roofline_time_plus_launch_overhead():
+    # zion preset: fp32 peak 15 TFLOP/s, matmul efficiency 0.6, launch 5 us.
+    # 1024^3 matmul: compute 2*1024^3 / 9e12 = 238.6 us >> memory 3*4 MiB / 600 GB/s.
+    a = torch.randn(1024, 1024, device="zion")
+    b = torch.randn(1024, 1024, device="zion")
+    start, end = torch.zion.Event(enable_timing=True), torch.zion.Event(enable_timing=True)
+    torch.zion.synchronize()  # an idle stream: the launch overhead is not hidden behind earlier work
+    start.record()
+    a @ b
+    end.record()
+    end.synchronize()
+    expected_ms = (2 * 1024**3 / (15e12 * 0.6) + 5e-6) * 1e3
+    assert start.elapsed_time(end) == pytest.approx(expected_ms, rel=1e-9)
+
+
+def test_streams_have_their_own_clocks():
+    s = torch.zion.Stream()
+    assert s.device_type == torch.device("zion").type or str(s.device).startswith("zion")
+    x = torch.randn(256, 256, device="zion")
+    with torch.zion.stream(s):
+        x @ x
+    t_side = _C.device.stream_time(0, s.stream_id)
+    torch.zion.synchronize()
+    assert _C.device.host_time() >= t_side > 0
+
+
+def test_counters_record_flops():
+    before = _C.device.counters(2)["flops"]
+    a = torch.randn(32, 16, device="zion:2")
+    b = torch.randn(16, 8, device="zion:2")
+    a @ b
+    assert _C.device.counters(2)["flops"] - before >= 2 * 32 * 16 * 8
