@@ -65,5 +65,9 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy", "pyyaml"],
-    entry_points={"console_scripts": ["zion-emu=zion_emu.__main__:main"]},
+    entry_points={
+        "console_scripts": ["zion-emu=zion_emu.__main__:main"],
+        # torch imports these on a bare `import torch` (device backend autoload).
+        "torch.backends": ["zion = zion_emu:_autoload"],
+    },
 )

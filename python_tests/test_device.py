@@ -130,3 +130,13 @@ def test_counters_record_flops():
     b = torch.randn(16, 8, device="zion:2")
     a @ b
     assert _C.device.counters(2)["flops"] - before >= 2 * 32 * 16 * 8
+
+
+def test_bare_import_torch_is_enough():
+    import subprocess
+    import sys
+
+    code = "import torch; x = torch.ones(3, device='zion'); print(x.device, (x * 2).sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["zion:0", "6.0"]

@@ -15,3 +15,7 @@ __version__ = "0.1.0"
 from zion_emu._register import register as _register  # noqa: E402
 
 _register()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group: importing this package registered the device."""
