@@ -4,7 +4,14 @@ This package registers and configures; the model of the hardware lives in
 the native core (``zion_emu._C``), reached through :mod:`zion_emu.sim`.
 """
 
-import torch  # noqa: F401  (the native core links libtorch)
+
+def _autoload() -> None:
+    """Entry point of torch's ``torch.backends`` group. Importing this package
+    registers the device; defined before ``import torch`` because that import
+    may itself call it while this package is still loading."""
+
+
+import torch  # noqa: E402,F401  (the native core links libtorch)
 
 from zion_emu.platform import ConfigError, Platform, load_platform, preset_names
 
@@ -15,7 +22,3 @@ __version__ = "0.1.0"
 from zion_emu._register import register as _register  # noqa: E402
 
 _register()
-
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group: importing this package registered the device."""
