@@ -26,7 +26,7 @@ class CMakeBuild(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = ROOT / "build" / "cmake"
+        build_dir = Path(os.environ.get("ZION_BUILD_DIR", ROOT / "build" / "cmake")).resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         config = os.environ.get("ZION_BUILD_TYPE", "Release")
         args = [
