@@ -1,5 +1,10 @@
 #include "device/copy.h"
 
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "device/host_memory.h"
 #include "device/runtime.h"
 #include "device/stream.h"
 #include "device/tensor_alias.h"
@@ -8,61 +13,76 @@
 namespace zion::device {
 namespace {
 
-// The socket whose memory a host buffer of `device`'s rank lives in: the
-// first socket on the OAM's PCIe switch (until pinned pools say otherwise).
-int home_socket(const sim::Platform& p, int oam) {
-  for (const auto& sw : p.pcie.switches) {
-    for (int o : sw.oams) {
-      if (o == oam) return sw.sockets.front();
-    }
-  }
-  return 0;
+// Copies occupy the links of their route one after another (FIFO), so two
+// copies over one link on two streams take twice as long as one.
+struct LinkOccupancy {
+  std::mutex mutex;
+  std::vector<sim::Seconds> free_at;
+};
+
+LinkOccupancy& links() {
+  static LinkOccupancy instance;
+  return instance;
 }
 
-sim::Seconds transfer_time(const Runtime& rt, int src_vertex, int dst_vertex, double bytes) {
-  const sim::Route& r = rt.topology.route(src_vertex, dst_vertex);
-  return r.latency + bytes / r.bandwidth;
+// Issues a transfer from vertex `src` to vertex `dst` on (device, stream).
+void transfer(Runtime& rt, int device, int stream, int src, int dst, double bytes) {
+  const sim::Route& route = rt.topology.route(src, dst);
+  LinkOccupancy& occ = links();
+  std::lock_guard<std::mutex> lock(occ.mutex);
+  if (occ.free_at.size() != rt.topology.links().size()) occ.free_at.assign(rt.topology.links().size(), 0);
+  sim::Seconds ready = 0;
+  for (const auto& path : route.paths) {
+    for (int l : path.links) ready = std::max(ready, occ.free_at[l]);
+  }
+  sim::Seconds busy = bytes / route.bandwidth;
+  sim::Interval in = rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, route.latency + busy, ready);
+  for (const auto& path : route.paths) {
+    for (int l : path.links) occ.free_at[l] = in.start + busy;
+  }
 }
 
 }  // namespace
 
 void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  TORCH_CHECK(dst.sizes().equals(src.sizes()) || src.numel() == dst.numel() || src.numel() == 1,
-              "zion: copy_ between tensors of shapes ", src.sizes(), " and ", dst.sizes());
   at::Tensor s = src.device().is_privateuseone() ? cpu_alias(src) : src;
   at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
   d.copy_(s, non_blocking);
 
   Runtime& rt = runtime();
-  double bytes = static_cast<double>(src.numel()) * static_cast<double>(src.element_size());
+  double bytes = static_cast<double>(dst.numel()) * static_cast<double>(dst.element_size());
   bool from_zion = src.device().is_privateuseone(), to_zion = dst.device().is_privateuseone();
   int device = to_zion ? dst.device().index() : src.device().index();
   int stream = static_cast<int>(current_stream(device).id());
   if (from_zion && to_zion) {
     int a = src.device().index(), b = dst.device().index();
-    sim::Seconds t = 0;
     if (a == b) {
-      t = 2 * bytes / rt.platform.oam.hbm_bandwidth;  // read and write on one device's HBM
+      // Within one device: HBM read and write.
+      rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, 2 * bytes / rt.platform.oam.hbm_bandwidth);
     } else {
-      t = transfer_time(rt, sim::device_vertex(rt.topology, rt.platform, a), sim::device_vertex(rt.topology, rt.platform, b), bytes);
+      transfer(rt, device, stream, sim::device_vertex(rt.topology, rt.platform, a),
+               sim::device_vertex(rt.topology, rt.platform, b), bytes);
     }
-    rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, t);
     rt.timeline.count_copy(device, bytes);
     return;
   }
+  const at::Tensor& host = to_zion ? src : dst;
+  int pinned_socket = host.numel() ? pinned_allocator().socket_of(host.const_data_ptr()) : -1;
+  bool pinned = pinned_socket >= 0;
+  int socket_index = pinned ? pinned_socket : home_socket(rt.platform, device);
   int oam = sim::device_vertex(rt.topology, rt.platform, device);
-  int socket = rt.topology.find(sim::VertexKind::kSocket, 0, home_socket(rt.platform, device));
-  bool pinned = (to_zion ? src : dst).is_pinned();
+  int socket = rt.topology.find(sim::VertexKind::kSocket, 0, socket_index);
+  // Pageable memory goes through a pinned staging buffer, copied by the host
+  // at DDR bandwidth; the copy is then synchronous, as CUDA makes it.
+  sim::Seconds staging = pinned ? 0 : bytes / rt.platform.socket.ddr_bandwidth;
   if (to_zion) {
-    // Pageable memory is first staged into a pinned buffer by the host.
-    if (!pinned) rt.timeline.advance_host(bytes / rt.platform.socket.ddr_bandwidth);
-    rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, transfer_time(rt, socket, oam, bytes));
-    if (!non_blocking || !pinned) rt.timeline.wait_stream(device, stream);
+    rt.timeline.advance_host(staging);
+    transfer(rt, device, stream, socket, oam, bytes);
   } else {
-    rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, transfer_time(rt, oam, socket, bytes));
-    if (!non_blocking || !pinned) rt.timeline.wait_stream(device, stream);
-    if (!pinned) rt.timeline.advance_host(bytes / rt.platform.socket.ddr_bandwidth);
+    transfer(rt, device, stream, oam, socket, bytes);
   }
+  if (!non_blocking || !pinned) rt.timeline.wait_stream(device, stream);
+  if (!to_zion) rt.timeline.advance_host(staging);
   rt.timeline.count_copy(device, bytes);
 }
 

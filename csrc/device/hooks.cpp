@@ -8,6 +8,7 @@
 
 #include "device/allocator.h"
 #include "device/generator.h"
+#include "device/host_memory.h"
 #include "device/runtime.h"
 
 namespace zion::device {
@@ -25,8 +26,11 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* /*data*/) const override {
     return {c10::DeviceType::PrivateUse1, current_device()};
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* data) const override { return pinned_allocator().socket_of(data) >= 0; }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    runtime();  // socket pools are sized by the platform
+    return &pinned_allocator();
+  }
   bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
@@ -44,7 +48,13 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     c10::DeviceIndex device = storage.device().index();
     auto previous = current_device();
     set_current_device(device);
-    c10::DataPtr fresh = allocator().allocate(newsize);
+    c10::DataPtr fresh;
+    try {
+      fresh = allocator().allocate(newsize);
+    } catch (...) {
+      set_current_device(previous);
+      throw;
+    }
     set_current_device(previous);
     size_t keep = std::min(newsize, impl->nbytes());
     if (keep) std::memcpy(fresh.get(), impl->data(), keep);

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "device/allocator.h"
+#include "device/host_memory.h"
 #include "sim/platform_loader.h"
 #include "sim/platform_topology.h"
 
@@ -33,6 +34,7 @@ Runtime& runtime() {
     const char* name = std::getenv("ZION_PLATFORM");
     g_runtime = make_runtime(sim::load_platform(name && *name ? name : "zion"));
     allocator().configure(g_runtime->platform);
+    pinned_allocator().configure(g_runtime->platform);
   }
   return *g_runtime;
 }
@@ -49,6 +51,7 @@ void set_platform(const sim::Platform& platform) {
               " bytes are allocated on the current platform '", g_runtime ? g_runtime->platform.name : "", "'");
   g_runtime = make_runtime(platform);
   allocator().configure(platform);
+  pinned_allocator().configure(platform);
 }
 
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }

@@ -11,6 +11,7 @@ void bind_platform(py::module_& sim);
 void bind_collectives(py::module_& sim);
 void bind_op_cost(py::module_& sim);
 void bind_device(py::module_& m);
+void bind_host_memory(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zion-emu native core";
@@ -21,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   bind_collectives(sim);
   bind_op_cost(sim);
   bind_device(m);
+  bind_host_memory(m);
 }
