@@ -1,6 +1,6 @@
 #include "device/op_pricing.h"
 
-#include <ATen/Context.h>
+#include <unordered_map>
 
 #include "device/runtime.h"
 #include "device/stream.h"
@@ -19,31 +19,64 @@ sim::DType model_dtype(c10::ScalarType t) {
   }
 }
 
-sim::TensorDesc describe(const at::Tensor& t) {
-  sim::TensorDesc d;
-  d.sizes.assign(t.sizes().begin(), t.sizes().end());
-  d.dtype = model_dtype(t.scalar_type());
-  d.element_size = static_cast<int>(t.element_size());
-  return d;
+// Fills `out` from `tensors`, reusing the vectors' capacity.
+void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDesc>& out) {
+  size_t n = 0;
+  for (const auto& t : tensors) n += t.defined() ? 1 : 0;
+  out.resize(n);
+  size_t i = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    sim::TensorDesc& d = out[i++];
+    d.sizes.assign(t.sizes().begin(), t.sizes().end());
+    d.dtype = model_dtype(t.scalar_type());
+    d.element_size = static_cast<int>(t.element_size());
+  }
+}
+
+struct Priced {
+  std::string name;
+  sim::OpCostModel::FormulaRef formula;
+  uint64_t generation = ~uint64_t{0};
+};
+
+void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, c10::DeviceIndex device,
+            const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  describe(inputs, call.inputs);
+  describe(outputs, call.outputs);
+  sim::OpCost cost = rt.cost->cost(call, formula);
+  int stream = static_cast<int>(current_stream(device).id());
+  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time);
+  rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
 }
 
 }  // namespace
 
+void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
+               const std::vector<at::Tensor>& outputs) {
+  Runtime& rt = runtime();
+  // Per thread: no lock on the hot path. Keyed by the operator's schema,
+  // which lives as long as the operator is registered.
+  thread_local std::unordered_map<const void*, Priced> cache;
+  thread_local sim::OpCall call;
+  Priced& p = cache[&op.schema()];
+  uint64_t generation = rt.cost->generation();
+  if (p.generation != generation) {
+    const auto& schema = op.schema();
+    p.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+    p.formula = rt.cost->resolve(p.name);
+    p.generation = generation;
+  }
+  call.name = p.name;
+  charge(rt, call, p.formula, device, inputs, outputs);
+}
+
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs) {
   Runtime& rt = runtime();
-  sim::OpCall call;
+  thread_local sim::OpCall call;
   call.name = op_name;
-  for (const auto& t : inputs) {
-    if (t.defined()) call.inputs.push_back(describe(t));
-  }
-  for (const auto& t : outputs) {
-    if (t.defined()) call.outputs.push_back(describe(t));
-  }
-  sim::OpCost cost = rt.cost->cost(call);
-  int stream = static_cast<int>(current_stream(device).id());
-  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time);
-  rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
+  charge(rt, call, rt.cost->resolve(op_name), device, inputs, outputs);
 }
 
 }  // namespace zion::device

@@ -1,8 +1,8 @@
 #pragma once
 // Charges an op run on zion to the virtual timeline: the hardware model
-// prices it from its operator name and tensor shapes.
+// prices it from its operator and tensor shapes.
 
-#include <ATen/core/ivalue.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
 #include <string>
@@ -11,6 +11,10 @@
 namespace zion::device {
 
 // `inputs` and `outputs` are the op's tensors (zion or their CPU aliases).
+// The operator's name and formula are looked up once per operator and
+// cached; the call itself allocates nothing in steady state.
+void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
+               const std::vector<at::Tensor>& outputs);
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs);
 

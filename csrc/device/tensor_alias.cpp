@@ -4,6 +4,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include "device/allocator.h"
+#include "device/sparse.h"
 
 namespace zion::device {
 namespace {
@@ -57,6 +58,7 @@ void AliasSet::commit() {
 
 at::Tensor AliasSet::to_zion(const at::Tensor& out) {
   if (!out.defined() || !out.device().is_cpu()) return out;
+  if (out.is_sparse()) return sparse_to_zion(out, *this, device_);
   TORCH_CHECK(out.has_storage(), "zion: a CPU kernel returned a ", out.layout(),
               " tensor without storage; this op is not supported on zion yet");
   c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();

@@ -1,0 +1,167 @@
+// Sparse COO tensors on zion (SparsePrivateUse1), because
+// nn.EmbeddingBag(sparse=True) makes them: a sparse zion tensor is indices
+// and values, two dense zion tensors. Constructors and accessors are native;
+// every other sparse op runs the CPU kernel on a CPU sparse tensor built over
+// zero-copy aliases of the indices and values, and sparse results come back
+// the same way.
+
+#include <ATen/SparseTensorImpl.h>
+#include <ATen/native/SparseTensorUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/values_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "device/op_pricing.h"
+#include "device/runtime.h"
+#include "device/sparse.h"
+#include "device/tensor_alias.h"
+
+namespace zion::device {
+namespace {
+
+at::Tensor sparse_like(const at::Tensor& like, const at::Tensor& indices, const at::Tensor& values, c10::Device device) {
+  return at::native::new_with_dims_and_tensor_sparse_symint(
+      like.sparse_dim(), like.dense_dim(), like.sym_sizes(), indices, values, like.scalar_type(), c10::Layout::Sparse,
+      device, std::nullopt, like.is_coalesced());
+}
+
+struct SparseCall {
+  const c10::OperatorHandle& op;
+  c10::DeviceIndex device = -1;
+  std::unique_ptr<AliasSet> aliases;
+  std::unordered_map<c10::TensorImpl*, at::Tensor> zion_of;  // CPU stand-in -> zion argument
+  std::vector<at::Tensor> inputs;
+
+  AliasSet& set() {
+    if (!aliases) aliases = std::make_unique<AliasSet>(device < 0 ? current_device() : device);
+    return *aliases;
+  }
+
+  at::Tensor to_cpu(const at::Tensor& t) {
+    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    if (device < 0) device = t.device().index();
+    TORCH_CHECK(t.device().index() == device, "Expected all tensors to be on the same device, but found at least two devices, zion:",
+                static_cast<int>(device), " and ", t.device(), "! (when checking arguments for ", op.schema().name(), ")");
+    at::Tensor cpu;
+    if (t.is_sparse()) {
+      cpu = sparse_like(t, set().alias(t._indices()), set().alias(t._values()), c10::Device(c10::DeviceType::CPU));
+    } else {
+      cpu = set().alias(t);
+    }
+    zion_of.emplace(cpu.unsafeGetTensorImpl(), t);
+    inputs.push_back(cpu);
+    return cpu;
+  }
+
+  at::Tensor to_zion(const at::Tensor& t) {
+    if (!t.defined() || !t.device().is_cpu()) return t;
+    if (auto it = zion_of.find(t.unsafeGetTensorImpl()); it != zion_of.end()) {
+      const at::Tensor& z = it->second;
+      if (z.is_sparse()) {
+        // The kernel may have given the argument new indices or values.
+        at::sparse::get_sparse_impl(z)->resize_(t.sparse_dim(), t.dense_dim(), t.sizes());
+        at::sparse::get_sparse_impl(z)->set_indices_and_values_unsafe(set().to_zion(t._indices()), set().to_zion(t._values()));
+        at::sparse::get_sparse_impl(z)->set_coalesced(t.is_coalesced());
+      } else {
+        sync_metadata(t, z);
+      }
+      return z;
+    }
+    return set().to_zion(t);  // sparse results included
+  }
+};
+
+void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  SparseCall call{op};
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // CPU stand-in, zion argument
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = *(args + static_cast<std::ptrdiff_t>(i));
+    if (v.isTensor()) {
+      at::Tensor cpu = call.to_cpu(v.toTensor());
+      const auto* info = schema.arguments()[i].alias_info();
+      if (info && info->isWrite() && v.toTensor().device().is_privateuseone()) written.emplace_back(cpu, v.toTensor());
+      v = cpu;
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(call.to_cpu(t));
+      v = out;
+    } else if (v.isDevice() && v.toDevice().is_privateuseone()) {
+      v = c10::Device(c10::DeviceType::CPU);
+    }
+  }
+  if (call.device < 0) call.device = current_device();
+  c10::impl::VirtualGuardImpl guard(c10::DeviceType::PrivateUse1);
+  c10::Device previous = guard.exchangeDevice(c10::Device(c10::DeviceType::PrivateUse1, call.device));
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet({c10::DispatchKey::CPU, c10::DispatchKey::SparseCPU}), stack);
+    if (call.aliases) call.aliases->commit();
+    for (auto& [cpu, zion] : written) call.to_zion(cpu);
+    std::vector<at::Tensor> outputs;
+    const size_t num_returns = schema.returns().size();
+    for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
+      if (it->isTensor()) {
+        *it = call.to_zion(it->toTensor());
+        outputs.push_back(it->toTensor());
+      } else if (it->isTensorList()) {
+        c10::List<at::Tensor> out;
+        for (const at::Tensor& t : it->toTensorList()) out.push_back(call.to_zion(t));
+        *it = out;
+      }
+    }
+    guard.exchangeDevice(previous);
+    charge_op(op, call.device, call.inputs, outputs);
+  } catch (...) {
+    guard.exchangeDevice(previous);
+    throw;
+  }
+}
+
+at::Tensor empty_sparse(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                        std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                        std::optional<c10::MemoryFormat> memory_format) {
+  return at::native::empty_sparse(size, dtype, layout, device, pin_memory, memory_format);
+}
+
+}  // namespace
+
+at::Tensor sparse_to_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceIndex device) {
+  return sparse_like(t, aliases.to_zion(t._indices()), aliases.to_zion(t._values()),
+                     c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", &at::native::new_with_dims_and_tensor_sparse_symint);
+  m.impl("_sparse_coo_tensor_with_dims", &at::native::new_with_dims_sparse);
+  m.impl("empty.memory_format", &empty_sparse);
+  m.impl("_indices", &at::native::_indices_sparse);
+  m.impl("_values", &at::native::_values_sparse);
+  m.impl("indices", &at::native::indices_sparse);
+  m.impl("values", &at::native::values_sparse);
+  m.impl("_nnz", &at::native::_nnz_sparse);
+  m.impl("sparse_dim", &at::native::sparse_dim_sparse);
+  m.impl("dense_dim", &at::native::dense_dim_sparse);
+  m.impl("is_coalesced", &at::native::is_coalesced_sparse);
+  m.impl("_coalesced_", &at::native::_coalesced_sparse_);
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>()); }
+
+}  // namespace zion::device

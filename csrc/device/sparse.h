@@ -1,0 +1,14 @@
+#pragma once
+// Sparse COO tensors on zion (see sparse.cpp).
+
+#include <ATen/Tensor.h>
+
+namespace zion::device {
+
+class AliasSet;
+
+// A sparse CPU result as a sparse zion tensor: its indices and values become
+// zion tensors through `aliases` (views of arguments, or adopted).
+at::Tensor sparse_to_zion(const at::Tensor& cpu_sparse, AliasSet& aliases, c10::DeviceIndex device);
+
+}  // namespace zion::device
