@@ -22,3 +22,10 @@ __version__ = "0.1.0"
 from zion_emu._register import register as _register  # noqa: E402
 
 _register()
+
+from zion_emu import cost  # noqa: E402
+from zion_emu.device import DeviceProperties, current_platform, set_platform  # noqa: E402
+from zion_emu.virtual_time import DeviceCounters, clock, counters, reset_clock  # noqa: E402
+
+__all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
+            "set_platform"]

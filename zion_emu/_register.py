@@ -1,6 +1,7 @@
 """Makes ``torch.device("zion")`` exist: PrivateUse1 renamed, the device
 module ``torch.zion``, and the generated Tensor methods (``.zion()``,
-``.is_zion``). Idempotent."""
+``.is_zion``). Idempotent. The device runtime itself starts on first use, so
+``ZION_PLATFORM`` or ``zion_emu.set_platform`` may still choose the platform."""
 
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ def register() -> None:
     global _done
     if _done:
         return
-    from zion_emu import _C  # loads libzion_emu: kernels, allocator, guard, hooks
+    from zion_emu import _C  # noqa: F401  (loads libzion_emu: kernels, allocator, guard, hooks, autocast)
     from zion_emu import device as zion_device
 
     if torch._C._get_privateuse1_backend_name() != "zion":
         torch.utils.rename_privateuse1_backend("zion")
     torch._register_device_module("zion", zion_device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    zion_device.default_generators = tuple(  # type: ignore[attr-defined]
-        torch.Generator(device=torch.device("zion", i)) for i in range(_C.device.device_count())
-    )
     _done = True

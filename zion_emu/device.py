@@ -7,11 +7,16 @@ torch's backend autoload on a bare ``import torch``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
 from zion_emu import _C
+
+if TYPE_CHECKING:
+    from zion_emu.platform import Platform
 
 _native = _C.device
 
@@ -55,6 +60,85 @@ def _index(device: Any = None) -> int:
 
 def set_device(device: Any) -> None:
     _native.set_device(_index(device))
+
+
+# The machine being modeled.
+def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping[str, Any] | None = None) -> Platform:
+    """Makes ``platform`` (a preset name, a ``.json`` file or a loaded
+    :class:`~zion_emu.Platform`) the machine the zion device models; what
+    ``ZION_PLATFORM`` does from the environment. Only before the first zion
+    tensor: the HBM pools of the old platform may not hold memory. Clocks,
+    counters and streams start afresh; formulas registered with
+    :func:`zion_emu.cost.register` carry over."""
+    from zion_emu import cost
+    from zion_emu.platform import Platform, load_platform
+
+    if isinstance(platform, Platform):
+        if overrides:
+            raise ValueError("zion: set_platform takes overrides only with a preset name or file; a loaded Platform "
+                             "already has its fields (use load_platform(name, overrides=...))")
+        chosen = platform
+    else:
+        chosen = load_platform(platform, overrides)
+    _native.set_platform(chosen.native)
+    globals().pop("default_generators", None)  # rebuilt for the new device count on next use
+    cost._register_all()
+    return chosen
+
+
+def current_platform() -> Platform:
+    """The platform the zion device models (a copy: changing it changes nothing)."""
+    from zion_emu.platform import Platform
+
+    native = _native.platform()
+    return Platform(native, native.name)
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """One zion device (an OAM of the platform), as ``get_device_properties``
+    reports it; every number comes from the platform preset."""
+
+    name: str
+    index: int
+    total_memory: int  # HBM bytes (oam.hbm_bytes)
+    hbm_bandwidth_bytes_per_s: float
+    # FLOP/s by the preset's dtype names: fp32, tf32, bf16, fp16, int8.
+    peak_flops: Mapping[str, float] = field(hash=False)
+    launch_overhead_s: float
+    platform: str
+    # The model prices an OAM as one roofline, not as a grid of cores; code
+    # that sizes work by torch.cuda's multi_processor_count sees one.
+    multi_processor_count: int = 1
+
+    def peak_flops_for(self, dtype: torch.dtype) -> float:
+        """Peak FLOP/s for a torch dtype (float32 is fp32, not tf32)."""
+        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int8: "int8",
+                 torch.uint8: "int8"}
+        if dtype not in names:
+            raise ValueError(f"zion: the platform has no peak FLOP/s for {dtype}; "
+                             f"it prices {sorted(set(names.values()))}")
+        return self.peak_flops[names[dtype]]
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    index = _index(device)
+    unit = _native.compute_unit()
+    platform = _native.platform()
+    return DeviceProperties(
+        name=get_device_name(index),
+        index=index,
+        total_memory=platform.hbm_bytes,
+        hbm_bandwidth_bytes_per_s=unit.memory_bandwidth,
+        peak_flops=dict(unit.peak_flops),
+        launch_overhead_s=unit.launch_overhead,
+        platform=platform.name,
+    )
+
+
+def get_device_name(device: Any = None) -> str:
+    _index(device)
+    return f"{_native.platform_name()} OAM"
 
 
 class device:
@@ -105,55 +189,68 @@ def stream(s: torch.Stream | None) -> Iterator[None]:
         torch.accelerator.set_stream(previous)
 
 
-# Random numbers: each device's generator holds a CPU generator's state.
+# Random numbers: each device's default generator holds a CPU generator's
+# state, so a seed draws the same numbers on zion as on the CPU.
+def _default_generators() -> tuple[torch.Generator, ...]:
+    """The generators ATen's random ops on zion use (not copies), built on
+    first use so that set_platform can still change the device count."""
+    generators = globals().get("default_generators")
+    if generators is None:
+        generators = tuple(torch.ops.zion.default_generator(i) for i in range(device_count()))
+        globals()["default_generators"] = generators
+    return generators
+
+
+def _get_generator(device: Any = None) -> torch.Generator:
+    return _default_generators()[_index(device)]
+
+
 def manual_seed(seed: int) -> None:
-    torch.zion.default_generators[current_device()].manual_seed(int(seed))
+    _default_generators()[current_device()].manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    for g in torch.zion.default_generators:
+    for g in _default_generators():
         g.manual_seed(int(seed))
 
 
 def seed() -> None:
-    torch.zion.default_generators[current_device()].seed()
+    _default_generators()[current_device()].seed()
 
 
 def seed_all() -> None:
-    for g in torch.zion.default_generators:
+    for g in _default_generators():
         g.seed()
 
 
 def initial_seed() -> int:
-    return torch.zion.default_generators[current_device()].initial_seed()
+    return _default_generators()[current_device()].initial_seed()
 
 
 def get_rng_state(device: Any = None) -> torch.Tensor:
-    return torch.zion.default_generators[_index(device)].get_state()
+    return _default_generators()[_index(device)].get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
-    torch.zion.default_generators[_index(device)].set_state(new_state)
+    _default_generators()[_index(device)].set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [g.get_state() for g in torch.zion.default_generators]
+    return [g.get_state() for g in _default_generators()]
 
 
 def set_rng_state_all(states: list[torch.Tensor]) -> None:
-    for g, s in zip(torch.zion.default_generators, states):
+    for g, s in zip(_default_generators(), states):
         g.set_state(s)
 
 
 # Memory, as torch.cuda reports it.
 def memory_stats(device: Any = None) -> dict[str, int]:
-    raw = _native.memory_stats(_index(device))
-    out: dict[str, int] = {}
-    for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "allocation"):
-        for field in ("current", "peak", "allocated", "freed"):
-            out[f"{name}.all.{field}"] = raw[name][field]
-    out["num_ooms"] = raw["num_ooms"]
-    out["capacity_bytes"] = raw["capacity"]
+    """torch.cuda.memory_stats' keys (from the same allocator statistics
+    torch.accelerator reads), plus ``capacity_bytes``: the device's HBM."""
+    index = _index(device)
+    out = dict(torch.accelerator.memory_stats(index))
+    out["capacity_bytes"] = _native.memory_stats(index)["capacity"]
     return out
 
 
@@ -202,3 +299,39 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def _is_in_bad_fork() -> bool:
     return False
+
+
+# torch.compile: inductor looks up a code generator for a custom device as
+# torch.zion.Scheduling and torch.zion.*WrapperCodegen. Kernels it generated
+# would run outside the zion device (unpriced, uncounted), so compiling a zion
+# graph with it stops with a message instead of inductor's KeyError: 'zion'.
+_INDUCTOR_REFUSAL = (
+    "zion: torch.compile's default backend (inductor) would generate its own kernels, which run outside the zion "
+    "device: unpriced and uncounted. Compile with backend='aot_eager' (or 'eager'): the graph then runs op by op "
+    "on zion, with the same numerics and modeled time as eager mode."
+)
+_INDUCTOR_HOOKS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
+
+
+class _InductorRefusal:
+    supports_caching = False  # read before codegen starts; nothing to cache
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(_INDUCTOR_REFUSAL)
+
+    @classmethod
+    def create(cls, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(_INDUCTOR_REFUSAL)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":
+        return _default_generators()
+    if name in _INDUCTOR_HOOKS:
+        # Asked for only while inductor registers backends, so it is loaded:
+        # it looks up the device's op overrides before the wrapper that refuses.
+        from torch._inductor.codegen.common import DeviceOpOverrides, register_device_op_overrides
+
+        register_device_op_overrides("zion", DeviceOpOverrides())
+        return _InductorRefusal
+    raise AttributeError(f"module 'torch.zion' has no attribute {name!r}")

@@ -31,10 +31,9 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::vector<at::Generator> generators;
   check_device(device);
   std::lock_guard<std::mutex> lock(mutex);
-  if (generators.empty()) {
-    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
-      generators.push_back(at::make_generator<Generator>(d, c10::default_rng_seed_val));
-    }
+  // Grown on demand: set_platform may bring more devices than before.
+  for (auto d = static_cast<c10::DeviceIndex>(generators.size()); d < device_count(); ++d) {
+    generators.push_back(at::make_generator<Generator>(d, c10::default_rng_seed_val));
   }
   return generators.at(device);
 }

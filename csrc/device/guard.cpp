@@ -68,6 +68,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return new_stream(d.index());
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
+  c10::DeviceCapability getDeviceCapability(c10::Device /*device*/) const override { return {}; }
   c10::DeviceIndex deviceCount() const noexcept override {
     try {
       return device_count();

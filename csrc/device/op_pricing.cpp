@@ -37,6 +37,7 @@ void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDes
 struct Priced {
   std::string name;
   sim::OpCostModel::FormulaRef formula;
+  const sim::OpCostModel* model = nullptr;  // set_platform makes a new model
   uint64_t generation = ~uint64_t{0};
 };
 
@@ -48,6 +49,7 @@ void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& 
   int stream = static_cast<int>(current_stream(device).id());
   rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time);
   rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
+  if (cost.guessed) rt.note_guessed(device, call.name);
 }
 
 }  // namespace
@@ -61,11 +63,12 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
   thread_local sim::OpCall call;
   Priced& p = cache[&op.schema()];
   uint64_t generation = rt.cost->generation();
-  if (p.generation != generation) {
+  if (p.generation != generation || p.model != rt.cost.get()) {
     const auto& schema = op.schema();
     p.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
     p.formula = rt.cost->resolve(p.name);
     p.generation = generation;
+    p.model = rt.cost.get();
   }
   call.name = p.name;
   charge(rt, call, p.formula, device, inputs, outputs);

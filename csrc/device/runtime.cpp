@@ -28,6 +28,23 @@ std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
 
 }  // namespace
 
+void Runtime::note_guessed(c10::DeviceIndex device, const std::string& op) {
+  std::lock_guard<std::mutex> lock(guessed_mutex_);
+  if (guessed_.size() <= static_cast<size_t>(device)) guessed_.resize(device + 1);
+  guessed_[device][op] += 1;
+}
+
+std::map<std::string, int64_t> Runtime::guessed(c10::DeviceIndex device) const {
+  std::lock_guard<std::mutex> lock(guessed_mutex_);
+  if (static_cast<size_t>(device) >= guessed_.size()) return {};
+  return guessed_[device];
+}
+
+void Runtime::clear_guessed() {
+  std::lock_guard<std::mutex> lock(guessed_mutex_);
+  guessed_.clear();
+}
+
 Runtime& runtime() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {

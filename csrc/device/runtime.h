@@ -7,8 +7,11 @@
 
 #include <c10/core/Device.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "sim/op_cost.h"
 #include "sim/platform.h"
@@ -22,6 +25,16 @@ struct Runtime {
   std::unique_ptr<sim::OpCostModel> cost;
   sim::Timeline timeline;
   sim::Topology topology;  // of one node: copies stay within the rank's node
+
+  // Ops priced by the default guess, by name, per device: what the user may
+  // want to give a formula (zion_emu.cost.register).
+  void note_guessed(c10::DeviceIndex device, const std::string& op);
+  std::map<std::string, int64_t> guessed(c10::DeviceIndex device) const;
+  void clear_guessed();
+
+ private:
+  mutable std::mutex guessed_mutex_;
+  std::vector<std::map<std::string, int64_t>> guessed_;
 };
 
 // The runtime, created on first use.

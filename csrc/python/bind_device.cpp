@@ -1,11 +1,17 @@
-// Bindings: the zion device's runtime (platform, devices, memory, clocks).
-// Tensors never cross this boundary; torch reaches zion tensors through the
-// dispatcher, so this file needs no torch Python headers.
+// Bindings: the zion device's runtime (platform, devices, memory, clocks,
+// the op cost model). No tensor crosses this boundary and the default
+// generators cross only through the dispatcher (an op returning them), so this
+// file needs no torch Python headers.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
 
 #include "device/allocator.h"
+#include "device/generator.h"
 #include "device/runtime.h"
 #include "device/stream.h"
 #include "sim/platform_loader.h"
@@ -24,13 +30,52 @@ py::dict stat_dict(const c10::CachingAllocator::Stat& s) {
   return d;
 }
 
+// The runtime's op cost model, as zion_emu.sim.OpCostModel, for the length of
+// one call: set_platform replaces the model, so no Python reference may keep it.
+py::object cost_model() { return py::cast(device::runtime().cost.get(), py::return_value_policy::reference); }
+
+// A device's default generator, the one ATen hands its random ops. Python gets
+// it as a torch.Generator through the dispatcher: torch.ops.zion.default_generator(i).
+at::Generator default_generator_op(int64_t index) {
+  return device::default_generator(static_cast<c10::DeviceIndex>(index));
+}
+
+TORCH_LIBRARY_FRAGMENT(zion, m) { m.def("default_generator(int index) -> Generator?", &default_generator_op); }
+
 }  // namespace
 
 void bind_device(py::module_& m) {
+  // The runtime's checks (TORCH_CHECK) reach Python as torch's own errors do:
+  // the message without the C++ backtrace.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
   py::module_ d = m.def_submodule("device", "The zion device runtime");
   d.def("set_platform", [](const sim::Platform& p) { device::set_platform(p); }, py::arg("platform"),
         "Sets the platform; only before the first zion tensor");
   d.def("platform_name", [] { return device::runtime().platform.name; });
+  d.def("platform", [] { return std::make_shared<sim::Platform>(device::runtime().platform); },
+        "A copy of the active platform");
+  d.def("compute_unit", [] { return device::runtime().cost->unit(); },
+        "What the roofline knows of one OAM: peak FLOP/s per dtype, HBM bandwidth, efficiencies, launch overhead");
+  d.def("register_formula", [](const std::string& name, const py::object& formula) {
+    cost_model().attr("register_formula")(name, formula);
+  }, py::arg("name"), py::arg("formula"), "Adds or replaces the work formula of an op in the device's cost model");
+  d.def("has_formula", [](const std::string& name) { return device::runtime().cost->has_formula(name); },
+        py::arg("name"));
+  d.def("formula_names", [] { return device::runtime().cost->formula_names(); });
   d.def("initialized", &device::initialized);
   d.def("device_count", [] { return static_cast<int>(device::device_count()); });
   d.def("current_device", [] { return static_cast<int>(device::current_device()); });
@@ -58,7 +103,12 @@ void bind_device(py::module_& m) {
     return device::runtime().timeline.stream_time(index, stream);
   }, py::arg("index"), py::arg("stream") = 0);
   d.def("synchronize", [](int index) { return device::runtime().timeline.wait_device(index); }, py::arg("index"));
-  d.def("reset_clock", [] { device::runtime().timeline.reset(); });
+  d.def("reset_clock", [] {
+    device::runtime().timeline.reset();
+    device::runtime().clear_guessed();
+  });
+  d.def("guessed_ops", [](int index) { return device::runtime().guessed(static_cast<c10::DeviceIndex>(index)); },
+        py::arg("index"), "Ops priced by the default guess on this device: name -> count");
   d.def("counters", [](int index) {
     auto c = device::runtime().timeline.counters(index);
     py::dict out;

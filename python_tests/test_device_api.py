@@ -1,0 +1,297 @@
+"""The zion device's Python API: torch.accelerator, torch.zion in the shape of
+torch.cuda, random numbers, device properties, the platform, the virtual clock
+and counters, and pricing ops from Python.
+
+Numbers are the zion preset's: 8 OAMs, 32 GiB HBM each at 1000 GB/s, fp32
+peak 15 TFLOP/s, bf16 120 TFLOP/s, matmul efficiency 0.6, launch 5 us."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import zion_emu  # noqa: F401  (registers the device)
+from zion_emu import cost
+from zion_emu.virtual_time import clock, counters, reset_clock
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def on_device_0():
+    """Tests that change the current device leave device 0 current."""
+    yield
+    torch.zion.set_device(0)
+
+
+def run_python(code: str, **env: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+# torch.accelerator
+def test_torch_accelerator_is_zion():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator() == torch.device("zion")
+    assert torch.accelerator.device_count() == torch.zion.device_count() == 8
+
+
+def test_current_device_is_one_setting_for_torch_accelerator_and_torch_zion(on_device_0):
+    torch.accelerator.set_device_index(3)
+    assert torch.zion.current_device() == 3 and torch.accelerator.current_device_index() == 3
+    assert torch.empty(1, device="zion").device == torch.device("zion", 3)
+    torch.zion.set_device("zion:1")
+    assert torch.accelerator.current_device_index() == 1
+    with torch.accelerator.device_index(5):
+        assert torch.zion.current_device() == 5
+    with torch.zion.device(2):
+        assert torch.accelerator.current_device_index() == 2
+    assert torch.zion.current_device() == 1
+
+
+def test_synchronize_brings_the_host_clock_to_the_device():
+    a = torch.randn(1024, 1024, device="zion")
+    torch.accelerator.synchronize()
+    before = clock()
+    a @ a  # 2*1024^3 / (15e12 * 0.6) = 238.6 us on the device; the host only pays the 5 us launch
+    assert clock() == pytest.approx(before + 5e-6, abs=1e-12)
+    torch.accelerator.synchronize()
+    assert clock() == pytest.approx(before + 5e-6 + 2 * 1024**3 / 9e12, rel=1e-9)
+
+
+def test_torch_accelerator_memory_functions_read_the_hbm_pool():
+    index = 4
+    torch.accelerator.reset_peak_memory_stats(index)
+    base = torch.accelerator.memory_allocated(index)
+    assert base == torch.zion.memory_allocated(index)
+    x = torch.empty(1024, device=f"zion:{index}")  # 4 KiB
+    assert torch.accelerator.memory_allocated(index) == torch.zion.memory_allocated(index) == base + 4096
+    assert torch.accelerator.memory_reserved(index) == torch.zion.memory_reserved(index)
+    del x
+    assert torch.accelerator.max_memory_allocated(index) == torch.zion.max_memory_allocated(index) == base + 4096
+    stats = torch.zion.memory_stats(index)
+    assert stats["allocated_bytes.all.current"] == base
+    assert stats["allocated_bytes.all.peak"] == base + 4096
+    assert stats["capacity_bytes"] == 32 * GIB
+    torch.zion.reset_peak_memory_stats(index)
+    assert torch.zion.max_memory_allocated(index) == base
+    free, total = torch.accelerator.get_memory_info(index)
+    assert (free, total) == torch.zion.mem_get_info(index) == (32 * GIB - base, 32 * GIB)
+
+
+def test_memory_summary_names_device_pool_and_capacity():
+    summary = torch.zion.memory_summary("zion:6")
+    assert "zion:6" in summary and "HBM" in summary and "32.000 GiB" in summary
+
+
+# Streams and events
+def test_current_stream_and_stream_context():
+    default = torch.zion.current_stream()
+    assert default.stream_id == 0 and default.device == torch.device("zion", 0)
+    s = torch.zion.Stream()
+    with torch.zion.stream(s):
+        assert torch.zion.current_stream() == s
+        assert torch.accelerator.current_stream() == s
+    assert torch.zion.current_stream() == default
+
+
+def test_event_elapsed_time_is_modeled_milliseconds():
+    a = torch.randn(512, 512, device="zion")
+    torch.zion.synchronize()
+    start, end = torch.zion.Event(enable_timing=True), torch.zion.Event(enable_timing=True)
+    start.record()
+    a @ a
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) == pytest.approx((2 * 512**3 / 9e12 + 5e-6) * 1e3, rel=1e-9)
+
+
+# Random numbers
+def test_a_seed_draws_the_same_numbers_twice_and_the_same_as_on_cpu():
+    torch.zion.manual_seed(7)
+    first = torch.randn(5, device="zion")
+    torch.zion.manual_seed(7)
+    second = torch.randn(5, device="zion")
+    torch.manual_seed(7)  # seeds the CPU and every zion device
+    on_cpu = torch.randn(5)
+    third = torch.randn(5, device="zion")
+    assert torch.equal(first.cpu(), second.cpu())
+    assert torch.equal(first.cpu(), on_cpu) and torch.equal(third.cpu(), on_cpu)
+    assert torch.zion.initial_seed() == 7
+
+
+def test_rng_state_round_trips(on_device_0):
+    torch.zion.set_device(2)
+    torch.zion.manual_seed(11)
+    state = torch.zion.get_rng_state()
+    assert torch.equal(state, torch.zion.get_rng_state("zion:2"))
+    first = torch.rand(4, device="zion")
+    torch.zion.set_rng_state(state)
+    assert torch.equal(torch.rand(4, device="zion").cpu(), first.cpu())
+
+    states = torch.zion.get_rng_state_all()
+    assert len(states) == 8
+    draws = [torch.rand(3, device=f"zion:{i}").cpu() for i in range(8)]
+    torch.zion.set_rng_state_all(states)
+    assert all(torch.equal(torch.rand(3, device=f"zion:{i}").cpu(), draws[i]) for i in range(8))
+
+
+def test_default_generators_are_the_ones_random_ops_use():
+    g = torch.zion.default_generators[3]
+    assert g.device == torch.device("zion", 3)
+    g.manual_seed(5)
+    drawn = torch.randn(4, device="zion:3")
+    assert torch.equal(drawn.cpu(), torch.randn(4, generator=torch.Generator().manual_seed(5)))
+    torch.zion.seed()  # a fresh non-deterministic seed on the current device
+    assert torch.zion.initial_seed() == torch.zion.default_generators[0].initial_seed()
+
+
+def test_a_new_generator_is_independent_of_the_default():
+    g = torch.Generator(device="zion").manual_seed(3)
+    torch.zion.manual_seed(3)
+    a = torch.randn(4, device="zion", generator=g)
+    b = torch.randn(4, device="zion")
+    assert torch.equal(a.cpu(), b.cpu())
+
+
+# Device properties and the platform
+def test_device_properties_are_the_platform_preset():
+    p = torch.zion.get_device_properties("zion:1")
+    assert p.name == torch.zion.get_device_name(1) == "zion OAM"
+    assert p.index == 1 and p.platform == "zion"
+    assert p.total_memory == 32 * GIB
+    assert p.hbm_bandwidth_bytes_per_s == 1000e9
+    assert p.peak_flops == {"fp32": 15e12, "tf32": 15e12, "bf16": 120e12, "fp16": 120e12, "int8": 240e12}
+    assert p.peak_flops_for(torch.bfloat16) == 120e12
+    assert p.launch_overhead_s == 5e-6
+    assert p.multi_processor_count == 1
+    assert torch.zion.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    assert torch.zion.current_platform().get("oam.hbm_bytes") == 32 * GIB
+
+
+def test_set_platform_before_first_use_and_refused_after():
+    out = run_python("""
+        import torch, zion_emu
+        from zion_emu import cost
+        from zion_emu.device import set_platform
+        cost.register("aten::erfinv", {"flops": 1, "bytes": 2})
+        set_platform("zion", overrides={"oam.hbm_bytes": 1 << 30})
+        print(torch.zion.get_device_properties().total_memory)
+        set_platform("hgx-h100")
+        print(torch.zion.get_device_name(), cost.has_formula("aten::erfinv"))
+        x = torch.ones(3, device="zion")
+        try:
+            set_platform("zion")
+        except RuntimeError as e:
+            print(e)
+    """)
+    lines = out.splitlines()
+    assert lines[0] == str(1 << 30)
+    assert lines[1] == "hgx-h100 OAM True"  # formulas registered from Python carry over
+    assert lines[2] == ("zion: set_platform must come before any zion tensor is made; 12 bytes are allocated on "
+                        "the current platform 'hgx-h100'")
+
+
+def test_zion_platform_environment_variable_chooses_the_preset():
+    out = run_python("import torch; print(torch.zion.get_device_properties().total_memory)", ZION_PLATFORM="hgx-a100")
+    assert out.split() == [str(80 * GIB)]
+
+
+# The virtual clock and counters
+def test_an_op_costs_the_host_its_launch_and_counts_on_its_device():
+    x = torch.ones(1000, device="zion:5")
+    torch.zion.synchronize(5)
+    reset_clock()
+    assert clock() == 0 and counters(5).ops == 0
+    x + 1
+    assert clock() == 5e-6  # the launch; the add runs on the device's clock
+    c = counters("zion:5")
+    assert (c.ops, c.flops, c.guessed_ops) == (1, 1000, 0)
+    assert c.busy_s == pytest.approx(c.bytes / (1000e9 * 0.8))  # streamed at elementwise efficiency 0.8
+    assert counters(4).ops == 0
+
+
+# Pricing ops from Python, on an op of this test's own so that no other test sees its formula.
+_lib = torch.library.Library("zion_test_cost", "DEF")
+_lib.define("scale(Tensor x, float k) -> Tensor")
+_lib.impl("scale", lambda x, k: x * k, "CPU")
+
+
+def test_an_op_without_formula_is_counted_as_guessed_until_one_is_registered():
+    x = torch.ones(4, 8, device="zion")
+    before = counters()
+    torch.ops.zion_test_cost.scale(x, 2.0)
+    after = counters()
+    assert (after.ops - before.ops, after.guessed_ops - before.guessed_ops) == (1, 1)
+
+    calls = []
+
+    def formula(call):
+        calls.append(call)
+        return {"flops": 9e9, "bytes": 0, "op_class": "matmul"}
+
+    cost.register(torch.ops.zion_test_cost.scale, formula)
+    assert cost.has_formula("zion_test_cost::scale") and "zion_test_cost::scale" in cost.formula_names()
+    torch.zion.synchronize()
+    start, end = torch.zion.Event(enable_timing=True), torch.zion.Event(enable_timing=True)
+    before = counters()
+    start.record()
+    y = torch.ops.zion_test_cost.scale(x, 2.0)
+    end.record()
+    end.synchronize()
+    after = counters()
+    assert y.cpu().eq(2).all()
+    assert (after.flops - before.flops, after.guessed_ops - before.guessed_ops) == (9e9, 0)
+    assert start.elapsed_time(end) == pytest.approx((9e9 / (15e12 * 0.6) + 5e-6) * 1e3)  # 1 ms + launch
+    (call,) = calls
+    assert call.name == "zion_test_cost::scale"
+    assert [(t.sizes, t.dtype) for t in call.inputs] == [([4, 8], "fp32")]
+    assert [(t.sizes, t.dtype) for t in call.outputs] == [([4, 8], "fp32")]
+
+
+def test_a_formula_may_return_flops_and_bytes():
+    cost.register("zion_test_cost::scale", lambda call: (2 * call.outputs[0].numel(), call.outputs[0].bytes()))
+    x = torch.ones(10, device="zion")
+    before = counters()
+    torch.ops.zion_test_cost.scale(x, 3.0)
+    after = counters()
+    assert (after.flops - before.flops, after.bytes - before.bytes) == (20, 40)
+
+
+def test_a_negative_count_is_an_error_naming_the_op():
+    x = torch.ones(2, device="zion")
+    cost.register("zion_test_cost::scale", lambda call: {"flops": -1.0, "bytes": 0})
+    with pytest.raises(ValueError, match=r"op cost formula for zion_test_cost::scale returned negative flops"):
+        torch.ops.zion_test_cost.scale(x, 2.0)
+    with pytest.raises(ValueError, match=r"zion_test_cost::scale: bytes must be a finite count >= 0"):
+        cost.register("zion_test_cost::scale", {"flops": 1, "bytes": -5})
+
+
+def test_op_names_are_checked_when_registered():
+    assert cost.op_name("aten::mm.default") == cost.op_name(torch.ops.aten.mm.default) == "aten::mm"
+    assert cost.op_name(torch.ops.aten.add.Tensor) == "aten::add.Tensor"
+    with pytest.raises(ValueError, match="'mm' is not an ATen schema name"):
+        cost.register("mm", {"flops": 1, "bytes": 1})
+    with pytest.raises(ValueError, match="no operator 'aten::matmull' is registered"):
+        cost.register("aten::matmull", {"flops": 1, "bytes": 1})
+
+
+def test_guessed_ops_are_reported_by_name():
+    import zion_emu
+
+    zion_emu.reset_clock()
+    x = torch.ones(4, device="zion")
+    y = torch.special.i1e(x)  # no formula in the table: priced by the default guess
+    assert y.is_zion
+    guessed = zion_emu.cost.guessed_ops(0)
+    assert any("i1e" in name for name in guessed), guessed
+    assert zion_emu.counters(0).guessed_ops >= 1
+
+
+def test_device_capability_is_answered():
+    assert isinstance(torch.accelerator.get_device_capability(), dict)
