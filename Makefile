@@ -22,4 +22,4 @@ bench: $(STAMP)
 	$(PYTHON) bench/collective_bench.py
 
 clean:
-	rm -rf build zion_emu/_C*.so
+	rm -rf build zion_emu/_C*.so zion_emu/_dist*.so zion_emu/libzion_emu.so

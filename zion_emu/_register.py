@@ -21,4 +21,6 @@ def register() -> None:
         torch.utils.rename_privateuse1_backend("zion")
     torch._register_device_module("zion", zion_device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from zion_emu import distributed  # noqa: F401  (registers the "zion" torch.distributed backend)
+
     _done = True

@@ -1,0 +1,149 @@
+#include "dist/handshake.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace zion::dist {
+namespace {
+
+// Fixed fields of a side, then send_counts[size], then recv_counts[size].
+// Doubles carry every field exactly (integers below 2^53).
+enum Field { kStart, kDevice, kCall, kDtype, kNumel, kRoot, kReduceOp, kError, kHasCounts, kFixed };
+
+std::vector<double> encode(const RankSide& s, int size) {
+  std::vector<double> v(kFixed + 2 * size, 0.0);
+  v[kStart] = s.start;
+  v[kDevice] = s.device;
+  v[kCall] = static_cast<int>(s.call);
+  v[kDtype] = s.dtype;
+  v[kNumel] = static_cast<double>(s.numel);
+  v[kRoot] = static_cast<double>(s.root);
+  v[kReduceOp] = static_cast<double>(s.reduce_op);
+  v[kError] = s.error.empty() ? 0 : 1;
+  bool counts = static_cast<int>(s.send_counts.size()) == size && static_cast<int>(s.recv_counts.size()) == size;
+  v[kHasCounts] = counts ? 1 : 0;
+  for (int i = 0; counts && i < size; ++i) {
+    v[kFixed + i] = static_cast<double>(s.send_counts[i]);
+    v[kFixed + size + i] = static_cast<double>(s.recv_counts[i]);
+  }
+  return v;
+}
+
+RankSide decode(const double* v, int size) {
+  RankSide s;
+  s.start = v[kStart];
+  s.device = static_cast<int>(v[kDevice]);
+  s.call = static_cast<Call>(static_cast<int>(v[kCall]));
+  s.dtype = static_cast<int>(v[kDtype]);
+  s.numel = static_cast<int64_t>(v[kNumel]);
+  s.root = static_cast<int64_t>(v[kRoot]);
+  s.reduce_op = static_cast<int64_t>(v[kReduceOp]);
+  if (v[kError] != 0) s.error = "error";
+  if (v[kHasCounts] != 0) {
+    for (int i = 0; i < size; ++i) {
+      s.send_counts.push_back(static_cast<int64_t>(v[kFixed + i]));
+      s.recv_counts.push_back(static_cast<int64_t>(v[kFixed + size + i]));
+    }
+  }
+  return s;
+}
+
+// "rank 0: 4, rank 1: 5" for one field of every side.
+template <typename F>
+std::string per_rank(const std::vector<RankSide>& sides, F field) {
+  std::ostringstream out;
+  for (size_t r = 0; r < sides.size(); ++r) out << (r ? ", " : "") << "rank " << r << ": " << field(sides[r]);
+  return out.str();
+}
+
+template <typename F>
+bool all_equal(const std::vector<RankSide>& sides, F field) {
+  return std::all_of(sides.begin(), sides.end(), [&](const RankSide& s) { return field(s) == field(sides[0]); });
+}
+
+void check(const Agreement& a, int rank, const RankSide& mine) {
+  const auto& sides = a.sides;
+  const char* name = call_name(mine.call);
+  std::vector<int> failed;
+  for (size_t r = 0; r < sides.size(); ++r) {
+    if (!sides[r].error.empty()) failed.push_back(static_cast<int>(r));
+  }
+  if (!failed.empty()) {
+    TORCH_CHECK(mine.error.empty(), mine.error);
+    std::ostringstream ranks;
+    for (size_t i = 0; i < failed.size(); ++i) ranks << (i ? ", " : "") << failed[i];
+    TORCH_CHECK(false, "zion backend: ", name, " failed on rank(s) ", ranks.str(), " (see the error there); rank ", rank,
+                " stops too instead of waiting for them");
+  }
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return static_cast<int>(s.call); }),
+              "zion backend: ranks are in different collectives (", per_rank(sides, [](const RankSide& s) { return call_name(s.call); }),
+              "); every rank of a group must issue the same collectives in the same order");
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.dtype; }), "zion backend: ", name,
+              ": dtypes differ across ranks (", per_rank(sides, [](const RankSide& s) {
+                return std::string(c10::toString(static_cast<c10::ScalarType>(s.dtype)));
+              }), ")");
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.numel; }), "zion backend: ", name,
+              ": tensor sizes differ across ranks (elements per rank: ", per_rank(sides, [](const RankSide& s) { return s.numel; }),
+              "); every rank must pass the same size");
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.root; }), "zion backend: ", name,
+              ": ranks name different roots (", per_rank(sides, [](const RankSide& s) { return s.root; }), ")");
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.reduce_op; }), "zion backend: ", name,
+              ": ranks name different reduce ops (", per_rank(sides, [](const RankSide& s) { return s.reduce_op; }), ")");
+  std::vector<int> seen;
+  for (const auto& s : sides) {
+    TORCH_CHECK(std::find(seen.begin(), seen.end(), s.device) == seen.end(), "zion backend: two ranks of the group are placed on the same device ",
+                s.device, " (", per_rank(sides, [](const RankSide& x) { return x.device; }),
+                "); give each process its own LOCAL_RANK");
+    seen.push_back(s.device);
+  }
+  if (mine.call == Call::kAllToAllSingle) {
+    const int n = static_cast<int>(sides.size());
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) {
+        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: all_to_all_single: rank ", i, " sends ",
+                    sides[i].send_counts[j], " elements to rank ", j, ", which expects ", sides[j].recv_counts[i],
+                    " from it; check input_split_sizes and output_split_sizes");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const char* call_name(Call call) {
+  switch (call) {
+    case Call::kAllReduce: return "all_reduce";
+    case Call::kBroadcast: return "broadcast";
+    case Call::kReduce: return "reduce";
+    case Call::kAllGather: return "all_gather";
+    case Call::kAllGatherIntoTensor: return "all_gather_into_tensor";
+    case Call::kReduceScatter: return "reduce_scatter";
+    case Call::kReduceScatterTensor: return "reduce_scatter_tensor";
+    case Call::kAllToAllSingle: return "all_to_all_single";
+    case Call::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine) {
+  std::vector<double> packed = encode(mine, size);
+  const int64_t width = static_cast<int64_t>(packed.size());
+  at::Tensor in = at::from_blob(packed.data(), {width}, at::kDouble).clone();
+  at::Tensor out = at::empty({width * size}, at::kDouble);
+  gloo._allgather_base(out, in)->wait();
+
+  Agreement a;
+  const double* all = out.const_data_ptr<double>();
+  for (int r = 0; r < size; ++r) {
+    a.sides.push_back(decode(all + r * width, size));
+    a.start = std::max(a.start, a.sides.back().start);
+    a.devices.push_back(a.sides.back().device);
+  }
+  check(a, rank, mine);
+  return a;
+}
+
+}  // namespace zion::dist

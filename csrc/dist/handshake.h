@@ -1,0 +1,60 @@
+#pragma once
+// Before a collective moves any data, every rank tells every other what it
+// is about to do: which call, dtype and size, its global device and the
+// virtual time its communication could start. One small gloo all-gather
+// carries it. Then every rank holds the same table and so reaches the same
+// verdict: a mismatch (or a local error on any rank) raises on every rank,
+// instead of gloo aborting the process or hanging; the collective starts at
+// the latest start among the ranks.
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zion::dist {
+
+// The calls of torch.distributed a group can be in the middle of.
+enum class Call : int {
+  kAllReduce,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kAllGatherIntoTensor,
+  kReduceScatter,
+  kReduceScatterTensor,
+  kAllToAllSingle,
+  kBarrier,
+};
+const char* call_name(Call call);
+
+// What one rank brings to a collective.
+struct RankSide {
+  double start = 0;  // seconds on this rank's virtual timeline
+  int device = 0;    // global device id (node-major, OAM-minor)
+  Call call = Call::kAllReduce;
+  int dtype = -1;      // c10::ScalarType; must agree
+  int64_t numel = 0;   // the size every rank must pass (what it means depends on the call)
+  int64_t root = -1;   // broadcast, reduce
+  int64_t reduce_op = -1;
+  // all_to_all_single: elements this rank sends to / receives from each rank.
+  std::vector<int64_t> send_counts;
+  std::vector<int64_t> recv_counts;
+  // A problem found locally (wrong device, bad split sizes); only its
+  // presence travels, the words stay on the rank that found it.
+  std::string error;
+};
+
+struct Agreement {
+  std::vector<RankSide> sides;  // indexed by group rank
+  double start = 0;             // the latest start
+  std::vector<int> devices;     // global device of each group rank
+};
+
+// All-gathers every rank's side through `gloo` and checks that they agree.
+// Throws (on every rank alike) when they do not, or when any rank had an error.
+Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine);
+
+}  // namespace zion::dist

@@ -1,0 +1,409 @@
+#include "dist/process_group_zion.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+#include "device/runtime.h"
+#include "device/stream.h"
+#include "device/tensor_alias.h"
+
+namespace zion::dist {
+namespace {
+
+// The collective model of the device's platform. set_platform replaces the
+// runtime, so the model follows the runtime it was built from.
+std::shared_ptr<const sim::CollectiveModel> collective_model() {
+  static std::mutex mutex;
+  static const device::Runtime* built_for = nullptr;
+  static std::shared_ptr<const sim::CollectiveModel> model;
+  std::lock_guard<std::mutex> lock(mutex);
+  device::Runtime& rt = device::runtime();
+  if (built_for != &rt || !model) {
+    model = std::make_shared<sim::CollectiveModel>(rt.platform);
+    built_for = &rt;
+  }
+  return model;
+}
+
+// Empty when `t` can take part in `call` on `device` (-1: any zion device);
+// else why not, in the user's words.
+std::string tensor_problem(const at::Tensor& t, Call call, c10::DeviceIndex device) {
+  const std::string zion = c10::get_privateuse1_backend();
+  std::string where = std::string("zion backend: ") + call_name(call) + ": ";
+  if (!t.defined()) return where + "got an undefined tensor";
+  if (!t.device().is_privateuseone()) {
+    return where + "got a tensor on " + t.device().str() + ", but a '" + zion + "' process group moves " + zion +
+           " tensors (wanted device '" + zion + "'; move it with tensor.to('" + zion + "'), or use a gloo group for CPU tensors)";
+  }
+  if (device >= 0 && t.device().index() != device) {
+    return where + "tensors on " + zion + ":" + std::to_string(device) + " and " + t.device().str() +
+           "; one collective works on one device per rank";
+  }
+  if (t.layout() != c10::kStrided) return where + "sparse tensors are not supported yet";
+  if (!t.is_contiguous()) return where + "needs contiguous tensors (as gloo and NCCL do); call .contiguous() first";
+  return {};
+}
+
+std::vector<at::Tensor> aliases(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(device::cpu_alias(t));
+  return out;
+}
+
+double nbytes(const std::vector<at::Tensor>& tensors) {
+  double total = 0;
+  for (const auto& t : tensors) total += static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+  return total;
+}
+
+int64_t numel(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  return total;
+}
+
+void note(std::string& error, const std::string& problem) {
+  if (error.empty()) error = problem;
+}
+
+}  // namespace
+
+ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank,
+                                   int size, Options options)
+    : Backend(rank, size), store_(std::move(store)), gloo_(std::move(gloo)), options_(std::move(options)) {
+  TORCH_CHECK(gloo_, "zion backend: needs a gloo backend to move the data");
+  placement_ = place_rank(device::runtime().platform, options_.global_rank, options_.local_rank, options_.node_rank);
+  try {
+    algorithm_ = sim::parse_algorithm(options_.algorithm);
+    mode_ = sim::parse_link_mode(options_.mode);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, "zion backend: ", e.what());
+  }
+}
+
+int ProcessGroupZion::comm_stream(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = comm_streams_.find(device);
+  if (it == comm_streams_.end()) {
+    it = comm_streams_.emplace(device, static_cast<int>(device::new_stream(device).id())).first;
+  }
+  return it->second;
+}
+
+// The earliest this rank's communication can begin: after the work already
+// on the current stream (it wrote the inputs), after the communication
+// stream's previous collective, and after the host has issued it.
+sim::Seconds ProcessGroupZion::local_start(c10::DeviceIndex device, int comm) {
+  device::Runtime& rt = device::runtime();
+  int current = static_cast<int>(device::current_stream(device).id());
+  return std::max({rt.timeline.stream_time(device, current), rt.timeline.stream_time(device, comm),
+                   rt.timeline.host() + rt.platform.oam.launch_overhead});
+}
+
+sim::CollectiveResult ProcessGroupZion::price(const sim::CollectiveRequest& request) const {
+  try {
+    return collective_model()->run(request);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "zion backend: the collective model refused ", sim::collective_op_name(request.op), ": ", e.what());
+  }
+}
+
+void ProcessGroupZion::record(CommRecord r) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_ = std::move(r);
+}
+
+CommRecord ProcessGroupZion::last() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_;
+}
+
+ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors) {
+  Plan p;
+  p.side.call = call;
+  p.side.device = placement_.device;
+  p.request.op = op;
+  p.request.algorithm = algorithm_;
+  p.request.mode = mode_;
+  if (tensors.empty()) note(p.side.error, std::string("zion backend: ") + call_name(call) + ": got no tensors");
+  for (const auto& t : tensors) {
+    std::string problem = tensor_problem(t, call, p.device);
+    if (!problem.empty()) {
+      note(p.side.error, problem);
+      continue;
+    }
+    if (p.device < 0) {
+      p.device = t.device().index();
+      p.side.dtype = static_cast<int>(t.scalar_type());
+    } else if (static_cast<int>(t.scalar_type()) != p.side.dtype) {
+      note(p.side.error, std::string("zion backend: ") + call_name(call) + ": tensors of different dtypes (" +
+                             c10::toString(static_cast<c10::ScalarType>(p.side.dtype)) + " and " + c10::toString(t.scalar_type()) + ")");
+    }
+  }
+  return p;
+}
+
+template <typename MoveData>
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, MoveData move_data) {
+  int comm = -1;
+  if (p.side.error.empty()) {
+    comm = comm_stream(p.device);
+    p.side.start = local_start(p.device, comm);
+  }
+  Agreement agreed = agree(*gloo_, getRank(), getSize(), p.side);
+  move_data();
+
+  p.request.devices = agreed.devices;
+  if (p.side.call == Call::kAllToAllSingle) {
+    // Uneven splits: the exact bytes each rank sends each other rank. Even
+    // ones keep the closed form (and equal sim.collective_time for the size).
+    double element = static_cast<double>(c10::elementSize(static_cast<c10::ScalarType>(p.side.dtype)));
+    const auto& first = agreed.sides[0].send_counts;
+    bool even = true;
+    double largest = 0;
+    for (const auto& s : agreed.sides) {
+      even = even && std::all_of(s.send_counts.begin(), s.send_counts.end(), [&](int64_t c) { return c == first[0]; });
+      largest = std::max(largest, element * std::accumulate(s.send_counts.begin(), s.send_counts.end(), 0.0));
+    }
+    if (!even) {
+      for (const auto& s : agreed.sides) {
+        std::vector<double> row;
+        for (int64_t c : s.send_counts) row.push_back(element * static_cast<double>(c));
+        p.request.all_to_all_bytes.push_back(std::move(row));
+      }
+      p.request.bytes = largest;
+    }
+  }
+  sim::CollectiveResult priced = price(p.request);
+
+  device::Runtime& rt = device::runtime();
+  sim::Interval in = rt.timeline.launch(p.device, comm, rt.platform.oam.launch_overhead, priced.time, agreed.start);
+  CommRecord r;
+  r.op = sim::collective_op_name(p.request.op);
+  r.call = call_name(p.side.call);
+  r.bytes = p.request.bytes;
+  r.devices = agreed.devices;
+  r.algorithm = sim::algorithm_name(priced.algorithm);
+  r.start = in.start;
+  r.end = in.end;
+  r.device = p.device;
+  r.stream = comm;
+  record(std::move(r));
+  return c10::make_intrusive<ZionWork>(getRank(), p.type, p.device, comm, in.end, std::move(p.outputs));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  Plan p = plan(Call::kAllReduce, sim::CollectiveOp::kAllReduce, tensors);
+  p.side.numel = numel(tensors);
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  p.request.bytes = nbytes(tensors);
+  p.outputs = tensors;
+  p.type = c10d::OpType::ALLREDUCE;
+  return run(std::move(p), [&] {
+    auto data = aliases(tensors);
+    gloo_->allreduce(data, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  Plan p = plan(Call::kBroadcast, sim::CollectiveOp::kBroadcast, tensors);
+  p.side.numel = numel(tensors);
+  p.side.root = opts.rootRank;
+  p.request.root = static_cast<int>(opts.rootRank);
+  p.request.bytes = nbytes(tensors);
+  p.outputs = tensors;
+  p.type = c10d::OpType::BROADCAST;
+  return run(std::move(p), [&] {
+    auto data = aliases(tensors);
+    gloo_->broadcast(data, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  Plan p = plan(Call::kReduce, sim::CollectiveOp::kReduce, tensors);
+  p.side.numel = numel(tensors);
+  p.side.root = opts.rootRank;
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  p.request.root = static_cast<int>(opts.rootRank);
+  p.request.bytes = nbytes(tensors);
+  p.outputs = tensors;
+  p.type = c10d::OpType::REDUCE;
+  return run(std::move(p), [&] {
+    auto data = aliases(tensors);
+    gloo_->reduce(data, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> all = inputs;
+  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
+  Plan p = plan(Call::kAllGather, sim::CollectiveOp::kAllGather, all);
+  if (inputs.size() != 1 || outputs.size() != 1) {
+    note(p.side.error, "zion backend: all_gather takes one input tensor and one output list per rank");
+  } else {
+    p.side.numel = inputs[0].numel();
+    if (static_cast<int>(outputs[0].size()) != getSize()) {
+      note(p.side.error, "zion backend: all_gather: the output list has " + std::to_string(outputs[0].size()) +
+                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
+    }
+    for (const auto& o : outputs[0]) {
+      if (o.defined() && o.numel() != inputs[0].numel()) {
+        note(p.side.error, "zion backend: all_gather: an output tensor has " + std::to_string(o.numel()) +
+                               " elements; the input has " + std::to_string(inputs[0].numel()));
+      }
+    }
+    p.request.bytes = nbytes(inputs) * getSize();
+    p.outputs = outputs[0];
+  }
+  p.type = c10d::OpType::ALLGATHER;
+  return run(std::move(p), [&] {
+    std::vector<std::vector<at::Tensor>> out{aliases(outputs[0])};
+    auto in = aliases(inputs);
+    gloo_->allgather(out, in, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions& opts) {
+  Plan p = plan(Call::kAllGatherIntoTensor, sim::CollectiveOp::kAllGather, {output, input});
+  p.side.numel = input.defined() ? input.numel() : 0;
+  if (p.side.error.empty() && output.numel() != input.numel() * getSize()) {
+    note(p.side.error, "zion backend: all_gather_into_tensor: the output has " + std::to_string(output.numel()) +
+                           " elements; it needs input elements x group size = " + std::to_string(input.numel()) + " x " +
+                           std::to_string(getSize()));
+  }
+  p.request.bytes = nbytes({output});
+  p.outputs = {output};
+  p.type = c10d::OpType::_ALLGATHER_BASE;
+  return run(std::move(p), [&] {
+    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
+    gloo_->_allgather_base(out, in, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> all = outputs;
+  for (const auto& list : inputs) all.insert(all.end(), list.begin(), list.end());
+  Plan p = plan(Call::kReduceScatter, sim::CollectiveOp::kReduceScatter, all);
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  if (inputs.size() != 1 || outputs.size() != 1) {
+    note(p.side.error, "zion backend: reduce_scatter takes one output tensor and one input list per rank");
+  } else {
+    p.side.numel = outputs[0].numel();
+    if (static_cast<int>(inputs[0].size()) != getSize()) {
+      note(p.side.error, "zion backend: reduce_scatter: the input list has " + std::to_string(inputs[0].size()) +
+                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
+    }
+    for (const auto& in : inputs[0]) {
+      if (in.defined() && in.numel() != outputs[0].numel()) {
+        note(p.side.error, "zion backend: reduce_scatter: an input tensor has " + std::to_string(in.numel()) +
+                               " elements; the output has " + std::to_string(outputs[0].numel()));
+      }
+    }
+    p.request.bytes = nbytes(inputs[0]);
+    p.outputs = outputs;
+  }
+  p.type = c10d::OpType::REDUCE_SCATTER;
+  return run(std::move(p), [&] {
+    auto out = aliases(outputs);
+    std::vector<std::vector<at::Tensor>> in{aliases(inputs[0])};
+    gloo_->reduce_scatter(out, in, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  Plan p = plan(Call::kReduceScatterTensor, sim::CollectiveOp::kReduceScatter, {output, input});
+  p.side.numel = output.defined() ? output.numel() : 0;
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  if (p.side.error.empty() && input.numel() != output.numel() * getSize()) {
+    note(p.side.error, "zion backend: reduce_scatter_tensor: the input has " + std::to_string(input.numel()) +
+                           " elements; it needs output elements x group size = " + std::to_string(output.numel()) + " x " +
+                           std::to_string(getSize()));
+  }
+  p.request.bytes = nbytes({input});
+  p.outputs = {output};
+  p.type = c10d::OpType::_REDUCE_SCATTER_BASE;
+  return run(std::move(p), [&] {
+    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
+    gloo_->_reduce_scatter_base(out, in, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_splits,
+                                                               std::vector<int64_t>& input_splits,
+                                                               const c10d::AllToAllOptions& opts) {
+  Plan p = plan(Call::kAllToAllSingle, sim::CollectiveOp::kAllToAll, {output, input});
+  const int n = getSize();
+  if (p.side.error.empty()) {
+    // Splits count rows (dim 0); the handshake counts elements.
+    auto row = [](const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? t.numel() : t.numel() / t.size(0); };
+    auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+      std::vector<int64_t> c;
+      int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      if (splits.empty()) {
+        if (rows % n != 0) {
+          note(p.side.error, std::string("zion backend: all_to_all_single: the ") + what + " has " + std::to_string(rows) +
+                                 " rows, which do not split evenly over " + std::to_string(n) + " ranks; pass split sizes");
+        }
+        c.assign(n, rows / n * row(t));
+      } else if (static_cast<int>(splits.size()) != n ||
+                 std::accumulate(splits.begin(), splits.end(), int64_t{0}) != rows) {
+        note(p.side.error, std::string("zion backend: all_to_all_single: ") + what + " split sizes must be " +
+                               std::to_string(n) + " numbers summing to its " + std::to_string(rows) + " rows");
+        c.assign(n, 0);
+      } else {
+        for (int64_t s : splits) c.push_back(s * row(t));
+      }
+      return c;
+    };
+    p.side.send_counts = counts(input, input_splits, "input");
+    p.side.recv_counts = counts(output, output_splits, "output");
+    p.side.numel = row(input);
+    if (row(output) != row(input)) {
+      note(p.side.error, "zion backend: all_to_all_single: input rows have " + std::to_string(row(input)) +
+                             " elements, output rows " + std::to_string(row(output)));
+    }
+  }
+  p.request.bytes = nbytes({input});
+  p.outputs = {output};
+  p.type = c10d::OpType::ALLTOALL_BASE;
+  return run(std::move(p), [&] {
+    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
+    gloo_->alltoall_base(out, in, output_splits, input_splits, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::barrier(const c10d::BarrierOptions& opts) {
+  // As NCCL does it: an all-reduce of one byte, priced as such.
+  c10::DeviceIndex device = device::current_device();
+  if (opts.device.has_value() && opts.device->is_privateuseone() && opts.device->has_index()) device = opts.device->index();
+  Plan p;
+  p.side.call = Call::kBarrier;
+  p.side.device = placement_.device;
+  p.side.dtype = static_cast<int>(at::kByte);
+  p.device = device;
+  p.request.op = sim::CollectiveOp::kAllReduce;
+  p.request.algorithm = algorithm_;
+  p.request.mode = mode_;
+  p.side.numel = 0;
+  p.request.bytes = 1;
+  p.type = c10d::OpType::BARRIER;
+  auto work = run(std::move(p), [&] {
+    c10d::BarrierOptions gloo_opts;
+    gloo_opts.timeout = opts.timeout;
+    gloo_->barrier(gloo_opts)->wait();
+  });
+  work->hold_host();
+  return work;
+}
+
+}  // namespace zion::dist

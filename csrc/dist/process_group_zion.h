@@ -1,0 +1,113 @@
+#pragma once
+// ProcessGroupZion: the `zion` torch.distributed backend.
+//
+// Data: every collective runs through an inner gloo backend on zero-copy CPU
+// aliases of the zion tensors, so the bytes really move between ranks and
+// the numerics are gloo's. Before any byte moves, the ranks agree (one small
+// gloo all-gather, handshake.h) on what they are doing and when each could
+// start; a mismatch raises on every rank.
+//
+// Time: the collective starts at the latest start among the ranks, lasts
+// what sim::CollectiveModel says for the ranks' global devices, and ends at
+// the same virtual time on every rank's communication stream (one per
+// device, as NCCL's). Work::wait() makes the current stream wait for it.
+//
+// This first slice runs each collective to completion inside the call (the
+// returned Work is complete as far as data goes); send/recv stay
+// asynchronous until wait().
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/handshake.h"
+#include "dist/placement.h"
+#include "dist/work.h"
+#include "sim/collective.h"
+
+namespace zion::dist {
+
+// One communication as this rank saw it on its timeline.
+struct CommRecord {
+  std::string op;  // the sim's name: all_reduce, all_gather, ..., send_recv
+  std::string call;  // the torch.distributed call
+  double bytes = 0;  // as the sim counts them (nccl-tests convention)
+  std::vector<int> devices;
+  std::string algorithm;
+  sim::Seconds start = 0;
+  sim::Seconds end = 0;
+  int device = 0;  // local device index (zion:N)
+  int stream = 0;  // the communication stream on it
+};
+
+class ProcessGroupZion : public c10d::Backend {
+ public:
+  struct Options {
+    int global_rank = 0;
+    int local_rank = -1;  // LOCAL_RANK when known: the OAM
+    int node_rank = -1;   // GROUP_RANK when known: the node
+    std::string algorithm = "auto";
+    std::string mode = "fair";
+  };
+
+  ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
+                   Options options);
+
+  const std::string getBackendName() const override { return "zion"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+
+  const RankPlacement& placement() const { return placement_; }
+  CommRecord last() const;
+
+ private:
+  // What a collective needs besides its side of the handshake.
+  struct Plan {
+    RankSide side;
+    c10::DeviceIndex device = -1;  // local zion device; -1 when the tensors are wrong
+    sim::CollectiveRequest request;  // op, bytes, root, mode, algorithm; devices come from the handshake
+    std::vector<at::Tensor> outputs;
+    c10d::OpType type = c10d::OpType::UNKNOWN;
+  };
+  template <typename MoveData>
+  c10::intrusive_ptr<ZionWork> run(Plan plan, MoveData move_data);
+
+  Plan plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors);
+  int comm_stream(c10::DeviceIndex device);
+  sim::Seconds local_start(c10::DeviceIndex device, int comm);
+  sim::CollectiveResult price(const sim::CollectiveRequest& request) const;
+  void record(CommRecord r);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  Options options_;
+  RankPlacement placement_;
+  sim::Algorithm algorithm_;
+  sim::LinkMode mode_;
+
+  mutable std::mutex mutex_;  // comm streams, sequence numbers, the last record
+  std::map<int, int> comm_streams_;  // local device -> its communication stream
+  std::map<int, int64_t> send_seq_, recv_seq_;  // per peer
+  CommRecord last_;
+};
+
+}  // namespace zion::dist

@@ -1,0 +1,63 @@
+#pragma once
+// The Work a zion collective returns. The bytes have moved by the time the
+// call returns (collectives) or by wait() (point-to-point); what is left is
+// the virtual time: wait() makes the caller's current stream wait for the
+// communication's end, as NCCL's work makes the current CUDA stream wait.
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "sim/units.h"
+
+namespace zion::dist {
+
+class ZionWork : public c10d::Work {
+ public:
+  // Finishes the communication: waits for the data and returns the virtual
+  // time at which it ends on the communication stream.
+  using Finish = std::function<sim::Seconds()>;
+
+  // A communication that ended at `end` on `comm_stream` of `device`.
+  ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, sim::Seconds end,
+           std::vector<at::Tensor> outputs);
+  // One still in flight: `finish` runs once, on the first wait().
+  ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, Finish finish,
+           std::vector<at::Tensor> outputs);
+
+  // A barrier also holds the host until the end: it is how a script
+  // lines its ranks up.
+  void hold_host() { hold_host_ = true; }
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override { wait(); }
+  // Completed at the communication's end on the communication stream: a
+  // callback or fut.wait() makes its current stream wait for that time.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  sim::Seconds end();
+
+ private:
+  void finish();
+
+  c10::DeviceIndex device_;
+  int comm_stream_;
+  std::vector<at::Tensor> outputs_;
+  bool hold_host_ = false;
+
+  std::mutex mutex_;
+  Finish finish_;
+  bool finished_ = false;
+  sim::Seconds end_ = 0;
+  std::exception_ptr error_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace zion::dist

@@ -1,0 +1,76 @@
+// zion_emu._dist: ProcessGroupZion for Python.
+//
+// Unlike zion_emu._C, this module is compiled against the pybind11 that
+// torch ships (torch/include), because it passes torch's own pybind types:
+// a c10d.Store and a gloo Backend come in, a c10d.Backend goes out to
+// torch.distributed. Objects of torch's pybind types cannot cross pip's
+// pybind11 (a separate registry of types), so this binding is a module of
+// its own rather than part of _C.
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "dist/process_group_zion.h"
+
+namespace py = pybind11;
+using zion::dist::ProcessGroupZion;
+
+namespace {
+
+py::dict record_dict(const zion::dist::CommRecord& r) {
+  py::dict d;
+  d["op"] = r.op;
+  d["call"] = r.call;
+  d["bytes"] = r.bytes;
+  d["devices"] = r.devices;
+  d["algorithm"] = r.algorithm;
+  d["start"] = r.start;
+  d["end"] = r.end;
+  d["time"] = r.end - r.start;
+  d["device"] = r.device;
+  d["stream"] = r.stream;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_dist, m) {
+  m.doc() = "The zion torch.distributed backend (ProcessGroupZion)";
+  // torch.distributed's Backend type must be registered before ours derives from it.
+  py::module_::import("torch.distributed");
+
+  py::class_<ProcessGroupZion, c10d::Backend, c10::intrusive_ptr<ProcessGroupZion>>(
+      m, "ProcessGroupZion",
+      "A torch.distributed backend for zion tensors: data through an inner gloo backend on zero-copy CPU aliases, "
+      "time from the collective model on the device timeline")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
+                       int size, int global_rank, int local_rank, int node_rank, const std::string& algorithm,
+                       const std::string& mode) {
+             ProcessGroupZion::Options options;
+             options.global_rank = global_rank;
+             options.local_rank = local_rank;
+             options.node_rank = node_rank;
+             options.algorithm = algorithm;
+             options.mode = mode;
+             try {
+               return c10::make_intrusive<ProcessGroupZion>(store, gloo, rank, size, options);
+             } catch (const c10::ValueError& e) {
+               throw py::value_error(e.what_without_backtrace());
+             } catch (const c10::Error& e) {
+               throw std::runtime_error(e.what_without_backtrace());
+             }
+           }),
+           py::arg("store"), py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("global_rank"),
+           py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("mode") = "fair")
+      .def_property_readonly("global_device", [](const ProcessGroupZion& pg) { return pg.placement().device; },
+                             "The global device (node-major, OAM-minor) the collective model places this rank on")
+      .def_property_readonly("node", [](const ProcessGroupZion& pg) { return pg.placement().node; })
+      .def_property_readonly("oam", [](const ProcessGroupZion& pg) { return pg.placement().oam; })
+      .def("last_collective", [](const ProcessGroupZion& pg) { return record_dict(pg.last()); },
+           "The last communication of this rank: op, call, bytes, devices, algorithm, start, end, time (s), device, stream");
+}

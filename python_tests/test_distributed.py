@@ -1,0 +1,337 @@
+"""The ``zion`` torch.distributed backend, in real processes: results equal
+gloo's on CPU bit for bit, each collective's modeled time equals the
+collective model's for the same devices, and faults raise on every rank.
+
+Each test spawns its ranks with torch.multiprocessing and bounds them with a
+timeout; the workers assert, and a failing assertion fails the test with the
+rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zion_emu
+import zion_emu.distributed as zd  # registers the backend
+from zion_emu import _C, sim
+
+JOIN_TIMEOUT_S = 120
+
+
+def _spawn(worker: Callable[..., None], nprocs: int, tmp_path: Any, *args: Any) -> None:
+    """Runs ``worker(rank, nprocs, store_path, *args)`` in ``nprocs`` processes."""
+    store = str(tmp_path / "store")
+    ctx = mp.start_processes(worker, args=(nprocs, store, *args), nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{worker.__name__} on {nprocs} ranks did not finish in {JOIN_TIMEOUT_S} s")
+
+
+def _init(rank: int, nprocs: int, store: str, timeout_s: float = 60) -> "dist.ProcessGroup":
+    """The zion default group, and a gloo group over the same ranks for reference results."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                            timeout=timedelta(seconds=timeout_s))
+    torch.zion.set_device(rank)
+    return dist.new_group(backend="gloo")
+
+
+def _last(group: Any = None) -> dict[str, Any]:
+    """This rank's last communication in ``group`` as the backend recorded it."""
+    return zd.last_collective(group)
+
+
+def _data(rank: int, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * seed + rank))
+
+
+class _Clock:
+    """Reads one rank's virtual clocks and checks a collective against the model."""
+
+    def __init__(self, rank: int, nprocs: int, gloo: "dist.ProcessGroup") -> None:
+        self.rank, self.nprocs, self.gloo = rank, nprocs, gloo
+        self.platform = zion_emu.current_platform()
+        self.launch_overhead = torch.zion.get_device_properties().launch_overhead_s
+
+    def stream_time(self) -> float:
+        return _C.device.stream_time(torch.zion.current_device(), torch.zion.current_stream().stream_id)
+
+    def latest_start(self, among: list[int]) -> float:
+        """Staggers the ranks (rank r issues r extra ops), lines host and streams
+        up, and returns the latest start among the ranks ``among``: the
+        communication can begin once the slowest host has issued it."""
+        for _ in range(self.rank):
+            torch.ones(4, device="zion").add_(1)
+        torch.zion.synchronize()
+        host = torch.tensor([zion_emu.clock()], dtype=torch.float64)
+        hosts = [torch.empty_like(host) for _ in range(self.nprocs)]
+        dist.all_gather(hosts, host, group=self.gloo)  # CPU tensors: no modeled time
+        return max(hosts[r].item() for r in among) + self.launch_overhead
+
+    def check(self, run: Callable[[], Any], op: str, nbytes: float, devices: list[int],
+              all_to_all_bytes: list[list[float]] | None = None, among: list[int] | None = None,
+              root: int = 0) -> dict[str, Any]:
+        """Runs one communication among ``among`` (every rank by default) with
+        its inputs already on the device, and checks its start, its end on the
+        current stream and its duration against the model."""
+        start = self.latest_start(among if among is not None else list(range(self.nprocs)))
+        run()
+        after = self.stream_time()
+        record = _last()
+        expected = sim.collective(self.platform, op, nbytes, devices, root=root, all_to_all_bytes=all_to_all_bytes).time
+        assert record["op"] == op and record["devices"] == devices, record
+        assert record["bytes"] == nbytes, record
+        assert record["start"] == pytest.approx(start, rel=1e-12, abs=1e-15), (record, start)
+        # The current stream, after wait(), stands at the common end.
+        assert after - start == pytest.approx(expected, rel=1e-9), (record, expected)
+        assert record["time"] == pytest.approx(expected, rel=1e-9)
+        return record
+
+
+def _collectives_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+    clock = _Clock(rank, nprocs, gloo)
+    n, devices = nprocs, list(range(nprocs))
+    f32 = 4
+
+    # all_reduce, every reduction gloo has.
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MIN, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+        x = _data(rank, (1000,), seed=1)
+        z = x.to("zion")
+        clock.check(lambda: dist.all_reduce(z, op=op), "all_reduce", 1000 * f32, devices)
+        dist.all_reduce(x, op=op, group=gloo)
+        assert torch.equal(z.cpu(), x), op
+
+    # broadcast from rank 1
+    x = _data(rank, (257,), seed=2)
+    z = x.to("zion")
+    clock.check(lambda: dist.broadcast(z, src=1), "broadcast", 257 * f32, devices, root=1)
+    dist.broadcast(x, src=1, group=gloo)
+    assert torch.equal(z.cpu(), x)
+
+    # reduce to rank 1 (only the root's result is defined)
+    x = _data(rank, (300,), seed=9)
+    z = x.to("zion")
+    clock.check(lambda: dist.reduce(z, dst=1), "reduce", 300 * f32, devices, root=1)
+    dist.reduce(x, dst=1, group=gloo)
+    if rank == 1:
+        assert torch.equal(z.cpu(), x)
+
+    # all_gather_into_tensor and all_gather: sim counts the per-rank output
+    x = _data(rank, (250,), seed=3)
+    z, out = x.to("zion"), torch.empty(n * 250, device="zion")
+    clock.check(lambda: dist.all_gather_into_tensor(out, z), "all_gather", n * 250 * f32, devices)
+    ref = torch.empty(n * 250)
+    dist.all_gather_into_tensor(ref, x, group=gloo)
+    assert torch.equal(out.cpu(), ref)
+    outs = [torch.empty(250, device="zion") for _ in range(n)]
+    clock.check(lambda: dist.all_gather(outs, z), "all_gather", n * 250 * f32, devices)
+    assert torch.equal(torch.cat([o.cpu() for o in outs]), ref)
+
+    # reduce_scatter_tensor: sim counts the per-rank input
+    x = _data(rank, (n * 125,), seed=4)
+    z, out = x.to("zion"), torch.empty(125, device="zion")
+    clock.check(lambda: dist.reduce_scatter_tensor(out, z), "reduce_scatter", n * 125 * f32, devices)
+    ref = torch.empty(125)
+    dist.reduce_scatter_tensor(ref, x, group=gloo)
+    assert torch.equal(out.cpu(), ref)
+    chunks = [c.to("zion") for c in x.chunk(n)]
+    clock.check(lambda: dist.reduce_scatter(out, chunks), "reduce_scatter", n * 125 * f32, devices)
+    dist.reduce_scatter(ref, [c.contiguous() for c in x.chunk(n)], group=gloo)  # gloo may sum in another order here
+    assert torch.equal(out.cpu(), ref)
+
+    # all_to_all_single, even splits
+    x = _data(rank, (n * 6, 5), seed=5)
+    z, out = x.to("zion"), torch.empty(n * 6, 5, device="zion")
+    clock.check(lambda: dist.all_to_all_single(out, z), "all_to_all", n * 30 * f32, devices)
+    ref = torch.empty(n * 6, 5)
+    dist.all_to_all_single(ref, x, group=gloo)
+    assert torch.equal(out.cpu(), ref)
+
+    # all_to_all_single, uneven: rank i sends rows[i][j] rows of 5 floats to rank j
+    rows = [[(i + 2 * j) % 3 + 1 for j in range(n)] for i in range(n)]
+    send, recv = rows[rank], [rows[j][rank] for j in range(n)]
+    x = _data(rank, (sum(send), 5), seed=6)
+    z, out = x.to("zion"), torch.empty(sum(recv), 5, device="zion")
+    matrix = [[float(r * 5 * f32) for r in row] for row in rows]
+    largest = max(sum(row) for row in matrix)
+    clock.check(lambda: dist.all_to_all_single(out, z, recv, send), "all_to_all", largest, devices,
+                all_to_all_bytes=matrix)
+    ref = torch.empty(sum(recv), 5)
+    dist.all_to_all_single(ref, x, recv, send, group=gloo)
+    assert torch.equal(out.cpu(), ref)
+
+    # barrier: an all-reduce of one byte, and the host waits for it
+    record = clock.check(lambda: dist.barrier(), "all_reduce", 1, devices)
+    assert zion_emu.clock() == pytest.approx(record["end"], rel=1e-12)
+
+    # send/recv in pairs (0 -> 1, 2 -> 3): send_recv between the two devices
+    peer = rank ^ 1
+    x = _data(rank, (333,), seed=7)
+    z = x.to("zion") if rank % 2 == 0 else torch.empty(333, device="zion")
+    pair = [rank, peer] if rank % 2 == 0 else [peer, rank]
+    clock.check(lambda: dist.send(z, peer) if rank % 2 == 0 else dist.recv(z, peer), "send_recv", 333 * f32, pair,
+                among=pair)
+    if rank % 2 == 1:
+        assert torch.equal(z.cpu(), _data(peer, (333,), seed=7))
+
+    # async: the collective runs on the communication stream; the current
+    # stream waits only at wait()
+    z = torch.ones(64, device="zion")
+    torch.zion.synchronize()
+    before = clock.stream_time()
+    work = dist.all_reduce(z, async_op=True)
+    assert clock.stream_time() == before
+    work.wait()
+    assert clock.stream_time() == pytest.approx(_last()["end"], rel=1e-12)
+    assert torch.equal(z.cpu(), torch.full((64,), float(n)))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_collectives_equal_gloo_and_take_the_modeled_time(tmp_path, nprocs):
+    _spawn(_collectives_worker, nprocs, tmp_path)
+
+
+def _two_rank_all_reduce_worker(rank: int, nprocs: int, store: str) -> None:
+    _init(rank, nprocs, store)
+    z = torch.ones(4, device="zion")  # 16 bytes
+    dist.all_reduce(z)
+    rec = _last()
+    # zion: OAMs 0 and 1 share a 25 GB/s link per direction, 600 ns apart; a
+    # 2-rank ring takes 2(n-1) steps of alpha + S/(nB), plus the platform's
+    # 6.6 us base latency: 6.6 us + 2 x (0.6 us + 16 B / (2 x 25 GB/s)) = 7.80064 us.
+    assert rec["algorithm"] == "ring"
+    assert rec["time"] == pytest.approx(6.6e-6 + 2 * (0.6e-6 + 16 / (2 * 25e9)), rel=1e-9)
+    dist.destroy_process_group()
+
+
+def test_two_rank_all_reduce_costs_base_latency_plus_two_ring_steps(tmp_path):
+    _spawn(_two_rank_all_reduce_worker, 2, tmp_path)
+
+
+def _sub_group_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+    clock = _Clock(rank, nprocs, gloo)
+    odd = dist.new_group([1, 3])
+    if rank in (1, 3):
+        x = _data(rank, (100,), seed=8)
+        z = x.to("zion")
+        # Only OAMs 1 and 3 take part, and the model prices just them.
+        dist.all_reduce(z, group=odd)
+        rec = _last(odd)
+        assert rec["devices"] == [1, 3]
+        assert rec["time"] == pytest.approx(sim.collective_time(clock.platform, "all_reduce", 400, [1, 3]), rel=1e-9)
+        dist.all_reduce(x, group=dist.new_group([1, 3], backend="gloo"))
+        assert torch.equal(z.cpu(), x)
+    else:
+        dist.new_group([1, 3], backend="gloo")  # every rank takes part in new_group
+    dist.destroy_process_group()
+
+
+def test_a_sub_group_is_priced_on_its_own_devices(tmp_path):
+    _spawn(_sub_group_worker, 4, tmp_path)
+
+
+def _faults_worker(rank: int, nprocs: int, store: str) -> None:
+    _init(rank, nprocs, store, timeout_s=30)
+
+    # Sizes that differ across ranks raise on every rank (gloo itself would
+    # abort the process), and the group stays usable.
+    with pytest.raises(RuntimeError, match=r"sizes differ across ranks \(elements per rank: rank 0: 4, rank 1: 5\)"):
+        dist.all_reduce(torch.ones(4 + rank, device="zion"))
+    with pytest.raises(RuntimeError, match="dtypes differ across ranks"):
+        dist.all_reduce(torch.ones(4, device="zion", dtype=torch.float32 if rank == 0 else torch.float64))
+    send = [2, 1] if rank == 0 else [1, 1]
+    recv = [2, 2] if rank == 0 else [1, 1]  # rank 0 expects 2 rows from rank 1, which sends 1
+    with pytest.raises(RuntimeError, match="rank 1 sends 1 elements to rank 0, which expects 2"):
+        dist.all_to_all_single(torch.empty(sum(recv), device="zion"), torch.ones(sum(send), device="zion"), recv, send)
+
+    # A CPU tensor in a zion collective: rank 0 passes CPU outputs; it is told
+    # which device was wanted, and rank 1 stops too.
+    outs = [torch.empty(2) if rank == 0 else torch.empty(2, device="zion") for _ in range(nprocs)]
+    expected = "wanted device 'zion'" if rank == 0 else "failed on rank\\(s\\) 0"
+    with pytest.raises(RuntimeError, match=expected):
+        dist.all_gather(outs, torch.ones(2, device="zion"))
+    # Only CPU tensors: torch routes them by device and finds no backend for cpu in a zion group.
+    with pytest.raises(RuntimeError, match="device type cpu"):
+        dist.all_reduce(torch.ones(2))
+
+    z = torch.full((3,), float(rank + 1), device="zion")
+    dist.all_reduce(z)
+    assert torch.equal(z.cpu(), torch.full((3,), 3.0))
+    dist.destroy_process_group()
+
+
+def test_mismatches_raise_on_every_rank_and_cpu_tensors_are_refused(tmp_path):
+    _spawn(_faults_worker, 2, tmp_path)
+
+
+def _placement_worker(rank: int, nprocs: int, store: str) -> None:
+    os.environ["LOCAL_RANK"] = "9"  # platform zion has OAMs 0..7
+    with pytest.raises(Exception, match="LOCAL_RANK 9 is not an OAM of platform 'zion'"):
+        _init(rank, nprocs, store, timeout_s=20)
+
+
+def test_a_rank_beyond_the_platform_is_an_error_naming_its_size(tmp_path):
+    _spawn(_placement_worker, 1, tmp_path)
+
+
+def _ddp_worker(rank: int, nprocs: int, store: str) -> None:
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    gloo = _init(rank, nprocs, store)
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    zion_model = copy.deepcopy(cpu_model).to("zion")
+    # 200-byte buckets: the 4 parameters go out in several all-reduces.
+    bucket_mb = 200 / 2**20
+    zion_ddp, cpu_ddp = DDP(zion_model, bucket_cap_mb=bucket_mb), DDP(cpu_model, process_group=gloo, bucket_cap_mb=bucket_mb)
+    zion_opt = torch.optim.SGD(zion_ddp.parameters(), lr=0.1)
+    cpu_opt = torch.optim.SGD(cpu_ddp.parameters(), lr=0.1)
+    zion_losses, cpu_losses = [], []
+    for step in range(4):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * step + rank))
+        for ddp, opt, losses, inp in ((zion_ddp, zion_opt, zion_losses, x.to("zion")), (cpu_ddp, cpu_opt, cpu_losses, x)):
+            loss = ddp(inp).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert zion_losses == cpu_losses
+    for pz, pc in zip(zion_model.parameters(), cpu_model.parameters()):
+        assert torch.equal(pz.detach().cpu(), pc.detach())
+    dist.destroy_process_group()
+
+
+def test_ddp_on_zion_trains_like_gloo_ddp_on_cpu(tmp_path):
+    _spawn(_ddp_worker, 2, tmp_path)
+
+
+def _early_exit_worker(rank: int, nprocs: int, store: str) -> None:
+    timeout_s = 10
+    _init(rank, nprocs, store, timeout_s=timeout_s)
+    if rank == 1:
+        os._exit(0)  # leaves without a word
+    begin = time.monotonic()
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(torch.ones(4, device="zion"))
+    assert time.monotonic() - begin < timeout_s + 5
+
+
+def test_a_rank_that_exits_early_makes_the_others_raise_within_the_timeout(tmp_path):
+    _spawn(_early_exit_worker, 2, tmp_path)
