@@ -16,6 +16,14 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def _install(path: Path, directory: Path) -> None:
+    """Copies a shared library by rename, so a process that has the old one
+    loaded (a test run) keeps a consistent file."""
+    staged = directory / (path.name + ".tmp")
+    shutil.copy2(path, staged)
+    os.replace(staged, directory / path.name)
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -55,10 +63,10 @@ class CMakeBuild(build_ext):
         dist_modules = list(out_dir.glob("_dist*.so"))
         for target in {out_dir, ROOT / "zion_emu"}:
             target.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(library, target / library.name)
+            _install(library, target)
             for module in dist_modules:
                 if module.parent != target:
-                    shutil.copy2(module, target / module.name)
+                    _install(module, target)
 
 
 setup(

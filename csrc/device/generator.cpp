@@ -1,7 +1,7 @@
 #include "device/generator.h"
 
+#include <deque>
 #include <mutex>
-#include <vector>
 
 #include "device/runtime.h"
 
@@ -28,7 +28,8 @@ Generator* Generator::clone_impl() const {
 
 const at::Generator& default_generator(c10::DeviceIndex device) {
   static std::mutex mutex;
-  static std::vector<at::Generator> generators;
+  // A deque: references handed out stay valid when it grows.
+  static std::deque<at::Generator> generators;
   check_device(device);
   std::lock_guard<std::mutex> lock(mutex);
   // Grown on demand: set_platform may bring more devices than before.

@@ -4,6 +4,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -43,6 +44,19 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty_strided supports strided tensors, not ", *layout);
   DeviceScope scope(device);
   return at::detail::empty_strided_generic(size, stride, &allocator(), kZionKeys, c10::dtype_or_default(dtype));
+}
+
+// A tensor of zeros that owns no memory (autograd's zero gradients): the
+// ZeroTensor key makes every op see zeros. The CPU kernel would give it the
+// CPU key, so zion makes its own.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory) {
+  c10::Device zion = device.value_or(c10::Device(c10::DeviceType::PrivateUse1, current_device()));
+  if (!zion.has_index()) zion = c10::Device(c10::DeviceType::PrivateUse1, current_device());
+  at::native::ZeroTensorAllocator zeros(zion);
+  return at::detail::empty_generic(size, &zeros, kZionKeys | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor),
+                                   c10::dtype_or_default(dtype), std::nullopt);
 }
 
 // Grows the storage if the new shape needs more bytes; never shrinks it.
@@ -120,6 +134,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", &empty_memory_format);
   m.impl("empty_strided", &empty_strided);
+  m.impl("_efficientzerotensor", &efficient_zero_tensor);
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("view", &at::native::view);
   m.impl("_reshape_alias", &at::native::_reshape_alias);
@@ -134,3 +149,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace zion::device
+
+// A conjugate or negative bit rides along into the copy (the CPU copy_ on the
+// aliases resolves it); without this the math-bit fallback would resolve it
+// first by calling copy_ again, forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}

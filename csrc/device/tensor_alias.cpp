@@ -9,11 +9,17 @@
 namespace zion::device {
 namespace {
 
-void release_storage_ref(void* context) { delete static_cast<c10::Storage*>(context); }
+// The alias's bytes belong to the zion storage, which the alias keeps alive
+// by holding a reference on it (no extra allocation per alias).
+void release_storage_ref(void* context) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
+}
 
 // A resizable CPU storage over the bytes of a zion storage.
 c10::Storage alias_storage(const c10::Storage& zion) {
-  c10::DataPtr view(zion.mutable_data(), new c10::Storage(zion), &release_storage_ref, c10::Device(c10::DeviceType::CPU));
+  c10::StorageImpl* impl = zion.unsafeGetStorageImpl();
+  c10::raw::intrusive_ptr::incref(impl);
+  c10::DataPtr view(zion.mutable_data(), impl, &release_storage_ref, c10::Device(c10::DeviceType::CPU));
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), zion.nbytes(),
                                                             std::move(view), c10::GetCPUAllocator(), true));
 }
@@ -35,15 +41,23 @@ c10::DataPtr take_bytes(c10::StorageImpl* cpu, c10::DeviceIndex device) {
 
 }  // namespace
 
+c10::Storage* AliasSet::find(StorageMap& map, const c10::StorageImpl* key) {
+  for (auto& [k, v] : map) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
 at::Tensor AliasSet::alias(const at::Tensor& t) {
   c10::StorageImpl* zion = t.storage().unsafeGetStorageImpl();
-  auto it = alias_of_.find(zion);
-  if (it == alias_of_.end()) {
-    c10::Storage a = alias_storage(t.storage());
-    zion_of_.emplace(a.unsafeGetStorageImpl(), t.storage());
-    it = alias_of_.emplace(zion, std::move(a)).first;
+  c10::Storage* a = find(alias_of_, zion);
+  if (!a) {
+    c10::Storage fresh = alias_storage(t.storage());
+    zion_of_.emplace_back(fresh.unsafeGetStorageImpl(), t.storage());
+    alias_of_.emplace_back(zion, std::move(fresh));
+    a = &alias_of_.back().second;
   }
-  return tensor_over(it->second, c10::DispatchKey::CPU, t);
+  return tensor_over(*a, c10::DispatchKey::CPU, t);
 }
 
 void AliasSet::commit() {
@@ -62,17 +76,26 @@ at::Tensor AliasSet::to_zion(const at::Tensor& out) {
   TORCH_CHECK(out.has_storage(), "zion: a CPU kernel returned a ", out.layout(),
               " tensor without storage; this op is not supported on zion yet");
   c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
-  if (auto it = zion_of_.find(storage); it != zion_of_.end()) {
-    return tensor_over(it->second, c10::DispatchKey::PrivateUse1, out);  // a view of an argument
+  if (c10::Storage* zion = find(zion_of_, storage)) {
+    return tensor_over(*zion, c10::DispatchKey::PrivateUse1, out);  // a view of an argument
   }
-  auto it = adopted_.find(storage);
-  if (it == adopted_.end()) {
+  c10::Storage* zion = find(adopted_, storage);
+  if (!zion) {
     size_t nbytes = storage->nbytes();
-    c10::Storage zion(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                            take_bytes(storage, device_), &allocator(), true));
-    it = adopted_.emplace(storage, std::move(zion)).first;
+    adopted_.emplace_back(storage, c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+                                       c10::StorageImpl::use_byte_size_t(), nbytes, take_bytes(storage, device_),
+                                       &allocator(), true)));
+    zion = &adopted_.back().second;
   }
-  return tensor_over(it->second, c10::DispatchKey::PrivateUse1, out);
+  return tensor_over(*zion, c10::DispatchKey::PrivateUse1, out);
+}
+
+void AliasSet::write_back(const at::Tensor& alias, const at::Tensor& zion) {
+  const c10::Storage* own = find(alias_of_, zion.storage().unsafeGetStorageImpl());
+  if (!own || own->unsafeGetStorageImpl() != alias.storage().unsafeGetStorageImpl()) {
+    zion.unsafeGetTensorImpl()->set_storage_keep_dtype(to_zion(alias).storage());
+  }
+  sync_metadata(alias, zion);
 }
 
 at::Tensor cpu_alias(const at::Tensor& t) {

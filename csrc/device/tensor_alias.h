@@ -12,27 +12,40 @@
 // device's HBM pool without copying.
 
 #include <ATen/Tensor.h>
+#include <c10/util/SmallVector.h>
 
-#include <unordered_map>
+#include <utility>
 
 namespace zion::device {
 
 class AliasSet {
  public:
+  // `device` receives adopted buffers; unset until the caller knows it (set_device).
+  AliasSet() = default;
   explicit AliasSet(c10::DeviceIndex device) : device_(device) {}
 
+  void set_device(c10::DeviceIndex device) { device_ = device; }
   // The CPU alias of a zion tensor.
   at::Tensor alias(const at::Tensor& zion_tensor);
   // After the CPU kernel: storages it grew move back into their zion storages.
   void commit();
   // A CPU result as a zion tensor (view of an argument, or adopted).
   at::Tensor to_zion(const at::Tensor& cpu_result);
+  // After the CPU kernel wrote `alias` (in place, out=): the zion tensor it
+  // stands for takes its new sizes, strides and offset, and its storage if
+  // the kernel gave it another one (set_).
+  void write_back(const at::Tensor& alias, const at::Tensor& zion_tensor);
 
  private:
-  c10::DeviceIndex device_;
-  std::unordered_map<c10::StorageImpl*, c10::Storage> alias_of_;  // zion storage -> alias storage
-  std::unordered_map<c10::StorageImpl*, c10::Storage> zion_of_;   // alias storage -> zion storage
-  std::unordered_map<c10::StorageImpl*, c10::Storage> adopted_;   // fresh CPU storage -> zion storage
+  // An op touches a handful of storages: a linear search in place beats a
+  // hash map, and nothing is allocated for up to four of each.
+  using StorageMap = c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4>;
+  static c10::Storage* find(StorageMap& map, const c10::StorageImpl* key);
+
+  c10::DeviceIndex device_ = -1;
+  StorageMap alias_of_;  // zion storage -> alias storage
+  StorageMap zion_of_;   // alias storage -> zion storage
+  StorageMap adopted_;   // fresh CPU storage -> zion storage
 };
 
 // One alias, for kernels that read a zion tensor once (copies, scalars).

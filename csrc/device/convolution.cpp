@@ -1,0 +1,71 @@
+// Convolution on zion. ATen's convolution picks a backend by device; for a
+// device it does not know it calls convolution_overrideable (and, backward,
+// convolution_backward_overrideable), whose default kernels only raise. These
+// run ATen's CPU convolution on zero-copy aliases instead, so zion's
+// numerics are CPU's, and price the op like any other.
+
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <array>
+#include <tuple>
+#include <vector>
+
+#include "device/op_pricing.h"
+#include "device/runtime.h"
+#include "device/tensor_alias.h"
+
+namespace zion::device {
+namespace {
+
+c10::OperatorHandle operator_named(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
+                                    const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                                    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                                    c10::IntArrayRef output_padding, int64_t groups) {
+  static const c10::OperatorHandle op = operator_named("aten::convolution_overrideable");
+  AliasSet aliases(input.device().index());
+  std::vector<at::Tensor> inputs{aliases.alias(input), aliases.alias(weight)};
+  std::optional<at::Tensor> cpu_bias;
+  if (bias && bias->defined()) {
+    cpu_bias = aliases.alias(*bias);
+    inputs.push_back(*cpu_bias);
+  }
+  at::Tensor out = at::convolution(inputs[0], inputs[1], cpu_bias, stride, padding, dilation, transposed,
+                                   output_padding, groups);
+  std::vector<at::Tensor> outputs{aliases.to_zion(out)};
+  charge_op(op, input.device().index(), inputs, outputs);
+  return outputs[0];
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
+    int64_t groups, std::array<bool, 3> output_mask) {
+  static const c10::OperatorHandle op = operator_named("aten::convolution_backward_overrideable");
+  AliasSet aliases(input.device().index());
+  std::vector<at::Tensor> inputs{aliases.alias(grad_output), aliases.alias(input), aliases.alias(weight)};
+  // The bias gradient sums grad_output over all but the channel dimension.
+  const int64_t bias_size = grad_output.size(1);
+  auto [grad_input, grad_weight, grad_bias] =
+      at::convolution_backward(inputs[0], inputs[1], inputs[2], c10::IntArrayRef(bias_size), stride, padding,
+                               dilation, transposed, output_padding, groups, output_mask);
+  std::vector<at::Tensor> outputs{aliases.to_zion(grad_input), aliases.to_zion(grad_weight),
+                                  aliases.to_zion(grad_bias)};
+  charge_op(op, input.device().index(), inputs, outputs);
+  return {outputs[0], outputs[1], outputs[2]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution_overrideable", &convolution_overrideable);
+  m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
+}
+
+}  // namespace zion::device
