@@ -14,9 +14,18 @@ collective starts at the latest virtual start among its ranks, lasts what
 on every rank's communication stream; ``Work.wait()`` makes the current stream
 wait for it. The C++ lives in csrc/dist (ProcessGroupZion).
 
+CPU tensors: the backend is registered for ``cpu`` too (as gloo is for cuda and
+cpu), so a call whose tensors are all on the CPU, on every rank, goes through
+the inner gloo with no modeled time; object collectives (``all_gather_object``,
+``broadcast_object_list``) take that path. A call mixing CPU and zion tensors,
+or ranks passing tensors on different devices, raises on every rank.
+
 Placement: ``LOCAL_RANK`` is the OAM and ``GROUP_RANK`` the node when torchrun
 sets them; otherwise ranks fill the platform node by node (rank r is OAM
-r % devices_per_node of node r // devices_per_node). ``ZION_COLLECTIVE_ALGO``
+r % devices_per_node of node r // devices_per_node). Ranks on different nodes
+are priced over the platform's NICs; for more than one node pick a platform
+that has them, e.g. ``ZION_PLATFORM=zionex`` or a file
+``{"base": "zion", "nodes": 2}``. ``ZION_COLLECTIVE_ALGO``
 picks the algorithm (default: the platform's ``auto``) and ``ZION_COLLECTIVE_MODE``
 the link model (``fair``, ``unaware`` or ``astra``; default ``fair``).
 """
@@ -65,7 +74,9 @@ def register() -> None:
     if _registered or BACKEND.upper() in dist.Backend._plugins:
         _registered = True
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=[BACKEND])
+    # cpu too, as gloo registers cuda and cpu: object collectives and host-side
+    # reductions on a zion group go through the inner gloo, unmodeled.
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=[BACKEND, "cpu"])
     _registered = True
 
 

@@ -11,12 +11,13 @@ namespace {
 
 // Fixed fields of a side, then send_counts[size], then recv_counts[size].
 // Doubles carry every field exactly (integers below 2^53).
-enum Field { kStart, kDevice, kCall, kDtype, kNumel, kRoot, kReduceOp, kError, kHasCounts, kFixed };
+enum Field { kStart, kDevice, kHost, kCall, kDtype, kNumel, kRoot, kReduceOp, kError, kHasCounts, kFixed };
 
 std::vector<double> encode(const RankSide& s, int size) {
   std::vector<double> v(kFixed + 2 * size, 0.0);
   v[kStart] = s.start;
   v[kDevice] = s.device;
+  v[kHost] = s.host ? 1 : 0;
   v[kCall] = static_cast<int>(s.call);
   v[kDtype] = s.dtype;
   v[kNumel] = static_cast<double>(s.numel);
@@ -36,6 +37,7 @@ RankSide decode(const double* v, int size) {
   RankSide s;
   s.start = v[kStart];
   s.device = static_cast<int>(v[kDevice]);
+  s.host = v[kHost] != 0;
   s.call = static_cast<Call>(static_cast<int>(v[kCall]));
   s.dtype = static_cast<int>(v[kDtype]);
   s.numel = static_cast<int64_t>(v[kNumel]);
@@ -81,6 +83,10 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return static_cast<int>(s.call); }),
               "zion backend: ranks are in different collectives (", per_rank(sides, [](const RankSide& s) { return call_name(s.call); }),
               "); every rank of a group must issue the same collectives in the same order");
+  TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.host; }), "zion backend: ", name,
+              ": ranks pass tensors on different devices (", per_rank(sides, [](const RankSide& s) {
+                return s.host ? std::string("cpu") : c10::get_privateuse1_backend();
+              }), "); every rank must pass ", c10::get_privateuse1_backend(), " tensors (or every rank CPU tensors, which go through gloo unmodeled)");
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.dtype; }), "zion backend: ", name,
               ": dtypes differ across ranks (", per_rank(sides, [](const RankSide& s) {
                 return std::string(c10::toString(static_cast<c10::ScalarType>(s.dtype)));
@@ -99,13 +105,15 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
                 "); give each process its own LOCAL_RANK");
     seen.push_back(s.device);
   }
-  if (mine.call == Call::kAllToAllSingle) {
+  if (mine.call == Call::kAllToAllSingle || mine.call == Call::kAllToAll) {
     const int n = static_cast<int>(sides.size());
+    const char* fix = mine.call == Call::kAllToAll ? "the sizes of the input and output tensor lists"
+                                                   : "input_split_sizes and output_split_sizes";
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < n; ++j) {
-        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: all_to_all_single: rank ", i, " sends ",
+        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: ", name, ": rank ", i, " sends ",
                     sides[i].send_counts[j], " elements to rank ", j, ", which expects ", sides[j].recv_counts[i],
-                    " from it; check input_split_sizes and output_split_sizes");
+                    " from it; check ", fix);
       }
     }
   }
@@ -124,6 +132,12 @@ const char* call_name(Call call) {
     case Call::kReduceScatterTensor: return "reduce_scatter_tensor";
     case Call::kAllToAllSingle: return "all_to_all_single";
     case Call::kBarrier: return "barrier";
+    case Call::kGather: return "gather";
+    case Call::kScatter: return "scatter";
+    case Call::kAllToAll: return "all_to_all";
+    case Call::kAllReduceCoalesced: return "all_reduce_coalesced";
+    case Call::kAllGatherIntoTensorCoalesced: return "all_gather_into_tensor_coalesced";
+    case Call::kReduceScatterTensorCoalesced: return "reduce_scatter_tensor_coalesced";
   }
   return "unknown";
 }
@@ -133,7 +147,20 @@ Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine) {
   const int64_t width = static_cast<int64_t>(packed.size());
   at::Tensor in = at::from_blob(packed.data(), {width}, at::kDouble).clone();
   at::Tensor out = at::empty({width * size}, at::kDouble);
-  gloo._allgather_base(out, in)->wait();
+  // A rank that left, crashed or never came: said in the group's words, as
+  // torch's DistBackendError (what NCCL raises) for whoever handles it.
+  auto lost = [&](const char* gloo_says) {
+    TORCH_CHECK_WITH(DistBackendError, false, "zion backend: ", call_name(mine.call), " on rank ", rank, " of ", size,
+                     ": lost the other ranks before agreeing on it (a rank has exited or crashed, or did not issue ",
+                     "it within the group's timeout). gloo: ", gloo_says);
+  };
+  try {
+    gloo._allgather_base(out, in)->wait();
+  } catch (const c10::Error& e) {
+    lost(e.what_without_backtrace());
+  } catch (const std::exception& e) {  // gloo's own IoException
+    lost(e.what());
+  }
 
   Agreement a;
   const double* all = out.const_data_ptr<double>();

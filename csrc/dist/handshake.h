@@ -27,6 +27,12 @@ enum class Call : int {
   kReduceScatterTensor,
   kAllToAllSingle,
   kBarrier,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kAllReduceCoalesced,
+  kAllGatherIntoTensorCoalesced,
+  kReduceScatterTensorCoalesced,
 };
 const char* call_name(Call call);
 
@@ -34,12 +40,13 @@ const char* call_name(Call call);
 struct RankSide {
   double start = 0;  // seconds on this rank's virtual timeline
   int device = 0;    // global device id (node-major, OAM-minor)
+  bool host = false;  // CPU tensors: data through gloo, no modeled time
   Call call = Call::kAllReduce;
   int dtype = -1;      // c10::ScalarType; must agree
   int64_t numel = 0;   // the size every rank must pass (what it means depends on the call)
   int64_t root = -1;   // broadcast, reduce
   int64_t reduce_op = -1;
-  // all_to_all_single: elements this rank sends to / receives from each rank.
+  // all_to_all(_single): elements this rank sends to / receives from each rank.
   std::vector<int64_t> send_counts;
   std::vector<int64_t> recv_counts;
   // A problem found locally (wrong device, bad split sizes); only its

@@ -8,7 +8,8 @@
 
 #include "device/runtime.h"
 #include "device/stream.h"
-#include "device/tensor_alias.h"
+#include "dist/gloo_thread_state.h"
+#include "dist/tensor_lists.h"
 
 namespace zion::dist {
 namespace {
@@ -28,46 +29,24 @@ std::shared_ptr<const sim::CollectiveModel> collective_model() {
   return model;
 }
 
-// Empty when `t` can take part in `call` on `device` (-1: any zion device);
-// else why not, in the user's words.
-std::string tensor_problem(const at::Tensor& t, Call call, c10::DeviceIndex device) {
+// Empty when `t` can take part in `call` on `device` (-1: any zion device),
+// or as a CPU tensor when `host`; else why not, in the user's words.
+std::string tensor_problem(const at::Tensor& t, Call call, c10::DeviceIndex device, bool host) {
   const std::string zion = c10::get_privateuse1_backend();
   std::string where = std::string("zion backend: ") + call_name(call) + ": ";
   if (!t.defined()) return where + "got an undefined tensor";
-  if (!t.device().is_privateuseone()) {
+  if (!host && !t.device().is_privateuseone()) {
     return where + "got a tensor on " + t.device().str() + ", but a '" + zion + "' process group moves " + zion +
-           " tensors (wanted device '" + zion + "'; move it with tensor.to('" + zion + "'), or use a gloo group for CPU tensors)";
+           " tensors (wanted device '" + zion + "'; move it with tensor.to('" + zion + "'); only a call whose tensors are all "
+           "on the CPU goes through gloo, unmodeled)";
   }
-  if (device >= 0 && t.device().index() != device) {
+  if (!host && device >= 0 && t.device().index() != device) {
     return where + "tensors on " + zion + ":" + std::to_string(device) + " and " + t.device().str() +
            "; one collective works on one device per rank";
   }
   if (t.layout() != c10::kStrided) return where + "sparse tensors are not supported yet";
   if (!t.is_contiguous()) return where + "needs contiguous tensors (as gloo and NCCL do); call .contiguous() first";
   return {};
-}
-
-std::vector<at::Tensor> aliases(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> out;
-  out.reserve(tensors.size());
-  for (const auto& t : tensors) out.push_back(device::cpu_alias(t));
-  return out;
-}
-
-double nbytes(const std::vector<at::Tensor>& tensors) {
-  double total = 0;
-  for (const auto& t : tensors) total += static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
-  return total;
-}
-
-int64_t numel(const std::vector<at::Tensor>& tensors) {
-  int64_t total = 0;
-  for (const auto& t : tensors) total += t.numel();
-  return total;
-}
-
-void note(std::string& error, const std::string& problem) {
-  if (error.empty()) error = problem;
 }
 
 }  // namespace
@@ -130,14 +109,18 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
   p.request.algorithm = algorithm_;
   p.request.mode = mode_;
   if (tensors.empty()) note(p.side.error, std::string("zion backend: ") + call_name(call) + ": got no tensors");
+  // A call whose tensors are all on the CPU is a host call (gloo, unmodeled).
+  p.side.host = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+    return t.defined() && t.device().is_cpu();
+  });
   for (const auto& t : tensors) {
-    std::string problem = tensor_problem(t, call, p.device);
+    std::string problem = tensor_problem(t, call, p.device, p.side.host);
     if (!problem.empty()) {
       note(p.side.error, problem);
       continue;
     }
-    if (p.device < 0) {
-      p.device = t.device().index();
+    if (p.side.dtype < 0) {
+      if (!p.side.host) p.device = t.device().index();
       p.side.dtype = static_cast<int>(t.scalar_type());
     } else if (static_cast<int>(t.scalar_type()) != p.side.dtype) {
       note(p.side.error, std::string("zion backend: ") + call_name(call) + ": tensors of different dtypes (" +
@@ -147,34 +130,55 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
   return p;
 }
 
-template <typename MoveData>
-c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, MoveData move_data) {
+std::vector<std::vector<double>> ProcessGroupZion::uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes) {
+  const auto& first = agreed.sides[0].send_counts;
+  bool even = !first.empty();
+  for (const auto& s : agreed.sides) {
+    even = even && std::all_of(s.send_counts.begin(), s.send_counts.end(), [&](int64_t c) { return c == first[0]; });
+  }
+  std::vector<std::vector<double>> matrix;
+  if (even) return matrix;
+  for (const auto& s : agreed.sides) {
+    std::vector<double> row;
+    for (int64_t c : s.send_counts) row.push_back(element_bytes * static_cast<double>(c));
+    matrix.push_back(std::move(row));
+  }
+  return matrix;
+}
+
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::collect(c10::intrusive_ptr<ZionWork> work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (coalescing_) batch_.push_back(work);
+  return work;
+}
+
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const std::function<void()>& move_data) {
   int comm = -1;
-  if (p.side.error.empty()) {
+  if (p.side.error.empty() && !p.side.host) {
     comm = comm_stream(p.device);
     p.side.start = local_start(p.device, comm);
   }
-  Agreement agreed = agree(*gloo_, getRank(), getSize(), p.side);
-  move_data();
+  Agreement agreed;
+  {
+    WithoutPythonObjectsInTls gloo_calls;
+    agreed = agree(*gloo_, getRank(), getSize(), p.side);
+    move_data();
+  }
+  if (p.side.host) {
+    // CPU tensors: moved as a gloo group would, on no modeled timeline.
+    return collect(c10::make_intrusive<ZionWork>(getRank(), p.type, -1, -1, sim::Seconds{0}, std::move(p.outputs)));
+  }
 
   p.request.devices = agreed.devices;
-  if (p.side.call == Call::kAllToAllSingle) {
-    // Uneven splits: the exact bytes each rank sends each other rank. Even
-    // ones keep the closed form (and equal sim.collective_time for the size).
+  if (p.side.call == Call::kAllToAllSingle || p.side.call == Call::kAllToAll) {
+    // Uneven splits: the exact bytes each rank sends each other rank, and the
+    // largest per-rank input as the size. Even ones keep the closed form (and
+    // equal sim.collective_time for the size).
     double element = static_cast<double>(c10::elementSize(static_cast<c10::ScalarType>(p.side.dtype)));
-    const auto& first = agreed.sides[0].send_counts;
-    bool even = true;
-    double largest = 0;
-    for (const auto& s : agreed.sides) {
-      even = even && std::all_of(s.send_counts.begin(), s.send_counts.end(), [&](int64_t c) { return c == first[0]; });
-      largest = std::max(largest, element * std::accumulate(s.send_counts.begin(), s.send_counts.end(), 0.0));
-    }
-    if (!even) {
-      for (const auto& s : agreed.sides) {
-        std::vector<double> row;
-        for (int64_t c : s.send_counts) row.push_back(element * static_cast<double>(c));
-        p.request.all_to_all_bytes.push_back(std::move(row));
-      }
+    p.request.all_to_all_bytes = uneven_all_to_all_bytes(agreed, element);
+    if (!p.request.all_to_all_bytes.empty()) {
+      double largest = 0;
+      for (const auto& row : p.request.all_to_all_bytes) largest = std::max(largest, std::accumulate(row.begin(), row.end(), 0.0));
       p.request.bytes = largest;
     }
   }
@@ -193,7 +197,7 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, MoveData move_data) {
   r.device = p.device;
   r.stream = comm;
   record(std::move(r));
-  return c10::make_intrusive<ZionWork>(getRank(), p.type, p.device, comm, in.end, std::move(p.outputs));
+  return collect(c10::make_intrusive<ZionWork>(getRank(), p.type, p.device, comm, in.end, std::move(p.outputs)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
@@ -204,7 +208,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce(std::vector<at::Tenso
   p.outputs = tensors;
   p.type = c10d::OpType::ALLREDUCE;
   return run(std::move(p), [&] {
-    auto data = aliases(tensors);
+    auto data = gloo_views(tensors);
     gloo_->allreduce(data, opts)->wait();
   });
 }
@@ -218,7 +222,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::broadcast(std::vector<at::Tenso
   p.outputs = tensors;
   p.type = c10d::OpType::BROADCAST;
   return run(std::move(p), [&] {
-    auto data = aliases(tensors);
+    auto data = gloo_views(tensors);
     gloo_->broadcast(data, opts)->wait();
   });
 }
@@ -233,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce(std::vector<at::Tensor>&
   p.outputs = tensors;
   p.type = c10d::OpType::REDUCE;
   return run(std::move(p), [&] {
-    auto data = aliases(tensors);
+    auto data = gloo_views(tensors);
     gloo_->reduce(data, opts)->wait();
   });
 }
@@ -262,8 +266,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather(std::vector<std::vect
   }
   p.type = c10d::OpType::ALLGATHER;
   return run(std::move(p), [&] {
-    std::vector<std::vector<at::Tensor>> out{aliases(outputs[0])};
-    auto in = aliases(inputs);
+    std::vector<std::vector<at::Tensor>> out{gloo_views(outputs[0])};
+    auto in = gloo_views(inputs);
     gloo_->allgather(out, in, opts)->wait();
   });
 }
@@ -281,7 +285,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_allgather_base(at::Tensor& out
   p.outputs = {output};
   p.type = c10d::OpType::_ALLGATHER_BASE;
   return run(std::move(p), [&] {
-    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
+    at::Tensor out = gloo_view(output), in = gloo_view(input);
     gloo_->_allgather_base(out, in, opts)->wait();
   });
 }
@@ -312,8 +316,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter(std::vector<at::
   }
   p.type = c10d::OpType::REDUCE_SCATTER;
   return run(std::move(p), [&] {
-    auto out = aliases(outputs);
-    std::vector<std::vector<at::Tensor>> in{aliases(inputs[0])};
+    auto out = gloo_views(outputs);
+    std::vector<std::vector<at::Tensor>> in{gloo_views(inputs[0])};
     gloo_->reduce_scatter(out, in, opts)->wait();
   });
 }
@@ -332,53 +336,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_reduce_scatter_base(at::Tensor
   p.outputs = {output};
   p.type = c10d::OpType::_REDUCE_SCATTER_BASE;
   return run(std::move(p), [&] {
-    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
+    at::Tensor out = gloo_view(output), in = gloo_view(input);
     gloo_->_reduce_scatter_base(out, in, opts)->wait();
-  });
-}
-
-c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                               std::vector<int64_t>& output_splits,
-                                                               std::vector<int64_t>& input_splits,
-                                                               const c10d::AllToAllOptions& opts) {
-  Plan p = plan(Call::kAllToAllSingle, sim::CollectiveOp::kAllToAll, {output, input});
-  const int n = getSize();
-  if (p.side.error.empty()) {
-    // Splits count rows (dim 0); the handshake counts elements.
-    auto row = [](const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? t.numel() : t.numel() / t.size(0); };
-    auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
-      std::vector<int64_t> c;
-      int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-      if (splits.empty()) {
-        if (rows % n != 0) {
-          note(p.side.error, std::string("zion backend: all_to_all_single: the ") + what + " has " + std::to_string(rows) +
-                                 " rows, which do not split evenly over " + std::to_string(n) + " ranks; pass split sizes");
-        }
-        c.assign(n, rows / n * row(t));
-      } else if (static_cast<int>(splits.size()) != n ||
-                 std::accumulate(splits.begin(), splits.end(), int64_t{0}) != rows) {
-        note(p.side.error, std::string("zion backend: all_to_all_single: ") + what + " split sizes must be " +
-                               std::to_string(n) + " numbers summing to its " + std::to_string(rows) + " rows");
-        c.assign(n, 0);
-      } else {
-        for (int64_t s : splits) c.push_back(s * row(t));
-      }
-      return c;
-    };
-    p.side.send_counts = counts(input, input_splits, "input");
-    p.side.recv_counts = counts(output, output_splits, "output");
-    p.side.numel = row(input);
-    if (row(output) != row(input)) {
-      note(p.side.error, "zion backend: all_to_all_single: input rows have " + std::to_string(row(input)) +
-                             " elements, output rows " + std::to_string(row(output)));
-    }
-  }
-  p.request.bytes = nbytes({input});
-  p.outputs = {output};
-  p.type = c10d::OpType::ALLTOALL_BASE;
-  return run(std::move(p), [&] {
-    at::Tensor out = device::cpu_alias(output), in = device::cpu_alias(input);
-    gloo_->alltoall_base(out, in, output_splits, input_splits, opts)->wait();
   });
 }
 

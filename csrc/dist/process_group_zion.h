@@ -12,13 +12,20 @@
 // the same virtual time on every rank's communication stream (one per
 // device, as NCCL's). Work::wait() makes the current stream wait for it.
 //
-// This first slice runs each collective to completion inside the call (the
-// returned Work is complete as far as data goes); send/recv stay
-// asynchronous until wait().
+// Each collective runs to completion inside the call (the returned Work is
+// complete as far as data goes); send/recv stay asynchronous until wait().
+//
+// CPU tensors (all of a call's, on every rank) go through the inner gloo
+// backend as a gloo group would move them, with no modeled time: the group is
+// registered for cpu too, so object collectives and host-side reductions
+// work. A call mixing CPU and zion tensors is refused, naming the device it
+// wanted.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +80,30 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  // gather_scatter.cpp; all_to_all.cpp (with alltoall_base)
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+
+  // coalescing.cpp: the fused calls of dist._coalescing_manager and
+  // all_reduce_coalesced, each priced as one collective of the total size;
+  // and NCCL-style start/endCoalescing (batch_isend_irecv), whose Work
+  // ends when the last communication of the batch does.
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  // point_to_point.cpp
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
 
@@ -83,15 +114,21 @@ class ProcessGroupZion : public c10d::Backend {
   // What a collective needs besides its side of the handshake.
   struct Plan {
     RankSide side;
-    c10::DeviceIndex device = -1;  // local zion device; -1 when the tensors are wrong
+    c10::DeviceIndex device = -1;  // local zion device; -1 for CPU tensors or when the tensors are wrong
     sim::CollectiveRequest request;  // op, bytes, root, mode, algorithm; devices come from the handshake
     std::vector<at::Tensor> outputs;
     c10d::OpType type = c10d::OpType::UNKNOWN;
   };
-  template <typename MoveData>
-  c10::intrusive_ptr<ZionWork> run(Plan plan, MoveData move_data);
+  // Agrees with the other ranks, moves the data, prices the collective and
+  // charges it on the communication stream.
+  c10::intrusive_ptr<ZionWork> run(Plan plan, const std::function<void()>& move_data);
 
   Plan plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors);
+  // The exact bytes each rank sends each other one, from the agreed counts of
+  // an all_to_all; empty when every pair moves the same amount.
+  static std::vector<std::vector<double>> uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes);
+  // Returns `work`, also collected into the batch while coalescing.
+  c10::intrusive_ptr<ZionWork> collect(c10::intrusive_ptr<ZionWork> work);
   int comm_stream(c10::DeviceIndex device);
   sim::Seconds local_start(c10::DeviceIndex device, int comm);
   sim::CollectiveResult price(const sim::CollectiveRequest& request) const;
@@ -107,6 +144,11 @@ class ProcessGroupZion : public c10d::Backend {
   mutable std::mutex mutex_;  // comm streams, sequence numbers, the last record
   std::map<int, int> comm_streams_;  // local device -> its communication stream
   std::map<int, int64_t> send_seq_, recv_seq_;  // per peer
+  // Per source: ready once the last receive from it is posted to gloo
+  // (point_to_point.cpp), so later ones are posted after it.
+  std::map<int, std::shared_future<void>> pending_recv_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<ZionWork>> batch_;  // works since startCoalescing
   CommRecord last_;
 };
 

@@ -47,6 +47,7 @@ sim::Seconds ZionWork::end() {
 
 bool ZionWork::wait(std::chrono::milliseconds /*timeout*/) {
   finish();
+  if (device_ < 0) return true;  // CPU tensors: nothing modeled to wait for
   auto& timeline = device::runtime().timeline;
   timeline.stream_wait_until(device_, static_cast<int>(device::current_stream(device_).id()), end_);
   if (hold_host_) timeline.wait_until(end_);
@@ -56,6 +57,10 @@ bool ZionWork::wait(std::chrono::milliseconds /*timeout*/) {
 c10::intrusive_ptr<c10::ivalue::Future> ZionWork::getFuture() {
   finish();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!future_ && device_ < 0) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future_->markCompleted(c10::IValue(outputs_));
+  }
   if (!future_) {
     c10::Device device(c10::DeviceType::PrivateUse1, device_);
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),

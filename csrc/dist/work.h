@@ -21,7 +21,8 @@ class ZionWork : public c10d::Work {
   // time at which it ends on the communication stream.
   using Finish = std::function<sim::Seconds()>;
 
-  // A communication that ended at `end` on `comm_stream` of `device`.
+  // A communication that ended at `end` on `comm_stream` of `device`
+  // (device -1: CPU tensors, on no modeled timeline).
   ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, sim::Seconds end,
            std::vector<at::Tensor> outputs);
   // One still in flight: `finish` runs once, on the first wait().
@@ -43,6 +44,8 @@ class ZionWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   sim::Seconds end();
+  c10::DeviceIndex device() const { return device_; }
+  int comm_stream() const { return comm_stream_; }
 
  private:
   void finish();

@@ -1,0 +1,100 @@
+// all_to_all_single and all_to_all of ProcessGroupZion. The ranks agree on
+// the elements each sends each other one (handshake.h), so uneven splits are
+// checked on every rank before gloo sees them and priced as the exact
+// matrix of bytes (ProcessGroupZion::run).
+//
+// gloo's own list all_to_all takes only equal sizes; the list form goes
+// through gloo's all_to_all_single on one flat buffer per rank instead, which
+// moves the same elements to the same places.
+
+#include <c10/util/Exception.h>
+
+#include <numeric>
+
+#include "dist/process_group_zion.h"
+#include "dist/tensor_lists.h"
+
+namespace zion::dist {
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_splits,
+                                                               std::vector<int64_t>& input_splits,
+                                                               const c10d::AllToAllOptions& opts) {
+  Plan p = plan(Call::kAllToAllSingle, sim::CollectiveOp::kAllToAll, {output, input});
+  const int n = getSize();
+  if (p.side.error.empty()) {
+    // Splits count rows (dim 0); the handshake counts elements.
+    auto row = [](const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? t.numel() : t.numel() / t.size(0); };
+    auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
+      std::vector<int64_t> c;
+      int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      if (splits.empty()) {
+        if (rows % n != 0) {
+          note(p.side.error, std::string("zion backend: all_to_all_single: the ") + what + " has " + std::to_string(rows) +
+                                 " rows, which do not split evenly over " + std::to_string(n) + " ranks; pass split sizes");
+        }
+        c.assign(n, rows / n * row(t));
+      } else if (static_cast<int>(splits.size()) != n ||
+                 std::accumulate(splits.begin(), splits.end(), int64_t{0}) != rows) {
+        note(p.side.error, std::string("zion backend: all_to_all_single: ") + what + " split sizes must be " +
+                               std::to_string(n) + " numbers summing to its " + std::to_string(rows) + " rows");
+        c.assign(n, 0);
+      } else {
+        for (int64_t s : splits) c.push_back(s * row(t));
+      }
+      return c;
+    };
+    p.side.send_counts = counts(input, input_splits, "input");
+    p.side.recv_counts = counts(output, output_splits, "output");
+    p.side.numel = row(input);
+    if (row(output) != row(input)) {
+      note(p.side.error, "zion backend: all_to_all_single: input rows have " + std::to_string(row(input)) +
+                             " elements, output rows " + std::to_string(row(output)));
+    }
+  }
+  p.request.bytes = nbytes({input});
+  p.outputs = {output};
+  p.type = c10d::OpType::ALLTOALL_BASE;
+  return run(std::move(p), [&] {
+    at::Tensor out = gloo_view(output), in = gloo_view(input);
+    gloo_->alltoall_base(out, in, output_splits, input_splits, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  Plan p = plan(Call::kAllToAll, sim::CollectiveOp::kAllToAll, all);
+  const int n = getSize();
+  if (static_cast<int>(inputs.size()) != n || static_cast<int>(outputs.size()) != n) {
+    note(p.side.error, "zion backend: all_to_all: the input and output lists have " + std::to_string(inputs.size()) + " and " +
+                           std::to_string(outputs.size()) + " tensors; the group has " + std::to_string(n) + " ranks");
+  }
+  if (p.side.error.empty()) {
+    for (const auto& t : inputs) p.side.send_counts.push_back(t.numel());
+    for (const auto& t : outputs) p.side.recv_counts.push_back(t.numel());
+  }
+  p.request.bytes = nbytes(inputs);
+  p.outputs = outputs;
+  p.type = c10d::OpType::ALLTOALL;
+  return run(std::move(p), [&] {
+    std::vector<at::Tensor> flat_inputs;
+    for (const auto& t : inputs) flat_inputs.push_back(gloo_view(t).reshape({-1}));
+    at::Tensor in = at::cat(flat_inputs);
+    std::vector<int64_t> in_splits, out_splits;
+    for (const auto& t : inputs) in_splits.push_back(t.numel());
+    for (const auto& t : outputs) out_splits.push_back(t.numel());
+    at::Tensor out = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})}, in.options());
+    // gloo takes the split vectors over (moves from them): it gets copies.
+    std::vector<int64_t> gloo_out_splits = out_splits, gloo_in_splits = in_splits;
+    gloo_->alltoall_base(out, in, gloo_out_splits, gloo_in_splits, opts)->wait();
+    int64_t offset = 0;
+    for (size_t j = 0; j < outputs.size(); ++j) {
+      gloo_view(outputs[j]).view({-1}).copy_(out.narrow(0, offset, out_splits[j]));
+      offset += out_splits[j];
+    }
+  });
+}
+
+}  // namespace zion::dist

@@ -1,0 +1,132 @@
+// Coalesced calls of ProcessGroupZion.
+//
+// dist._coalescing_manager (and all_reduce_coalesced) hand a backend a list
+// of same-kind collectives at once: all_reduce, all_gather_into_tensor or
+// reduce_scatter_tensor. NCCL runs such a list as one grouped launch; here
+// the ranks agree once, gloo moves each tensor as the single call would (so
+// results equal gloo's single calls), and the model prices one collective of
+// the total size: one base latency, the bandwidth term of all the bytes.
+//
+// startCoalescing / endCoalescing bracket what batch_isend_irecv issues (and
+// any collective issued inside a _coalescing_manager with a device): every
+// Work of the batch is collected, and endCoalescing's Work ends when the
+// last of them does.
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "device/runtime.h"
+#include "dist/process_group_zion.h"
+#include "dist/tensor_lists.h"
+
+namespace zion::dist {
+namespace {
+
+std::string pairs_problem(const char* call, size_t outputs, size_t inputs) {
+  if (outputs == inputs) return {};
+  return std::string("zion backend: ") + call + ": " + std::to_string(outputs) + " outputs for " + std::to_string(inputs) +
+         " inputs; pass one output per input";
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceCoalescedOptions& opts) {
+  Plan p = plan(Call::kAllReduceCoalesced, sim::CollectiveOp::kAllReduce, tensors);
+  p.side.numel = numel(tensors);
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  p.request.bytes = nbytes(tensors);
+  p.outputs = tensors;
+  p.type = c10d::OpType::ALLREDUCE_COALESCED;
+  return run(std::move(p), [&] {
+    auto data = gloo_views(tensors);
+    gloo_->allreduce_coalesced(data, opts)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  Plan p = plan(Call::kAllGatherIntoTensorCoalesced, sim::CollectiveOp::kAllGather, all);
+  note(p.side.error, pairs_problem("all_gather_into_tensor (coalesced)", outputs.size(), inputs.size()));
+  for (size_t i = 0; p.side.error.empty() && i < inputs.size(); ++i) {
+    if (outputs[i].numel() != inputs[i].numel() * getSize()) {
+      note(p.side.error, "zion backend: all_gather_into_tensor (coalesced): output " + std::to_string(i) + " has " +
+                             std::to_string(outputs[i].numel()) + " elements; it needs input elements x group size = " +
+                             std::to_string(inputs[i].numel()) + " x " + std::to_string(getSize()));
+    }
+  }
+  p.side.numel = numel(inputs);
+  p.request.bytes = nbytes(outputs);  // all_gather counts the per-rank output
+  p.outputs = outputs;
+  p.type = c10d::OpType::COALESCED;
+  return run(std::move(p), [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
+      gloo_->_allgather_base(out, in, opts)->wait();
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  Plan p = plan(Call::kReduceScatterTensorCoalesced, sim::CollectiveOp::kReduceScatter, all);
+  note(p.side.error, pairs_problem("reduce_scatter_tensor (coalesced)", outputs.size(), inputs.size()));
+  for (size_t i = 0; p.side.error.empty() && i < inputs.size(); ++i) {
+    if (inputs[i].numel() != outputs[i].numel() * getSize()) {
+      note(p.side.error, "zion backend: reduce_scatter_tensor (coalesced): input " + std::to_string(i) + " has " +
+                             std::to_string(inputs[i].numel()) + " elements; it needs output elements x group size = " +
+                             std::to_string(outputs[i].numel()) + " x " + std::to_string(getSize()));
+    }
+  }
+  p.side.numel = numel(outputs);
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  p.request.bytes = nbytes(inputs);  // reduce_scatter counts the per-rank input
+  p.outputs = outputs;
+  p.type = c10d::OpType::COALESCED;
+  return run(std::move(p), [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
+      gloo_->_reduce_scatter_base(out, in, opts)->wait();
+    }
+  });
+}
+
+void ProcessGroupZion::startCoalescing() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(!coalescing_, "zion backend: startCoalescing while a batch is already open; end it with endCoalescing first");
+  coalescing_ = true;
+  batch_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::endCoalescing() {
+  std::vector<c10::intrusive_ptr<ZionWork>> works;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(coalescing_, "zion backend: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    works.swap(batch_);
+  }
+  // The batch's Work lives on the first modeled communication's stream.
+  c10::DeviceIndex device = -1;
+  int comm = -1;
+  std::vector<at::Tensor> outputs;
+  for (const auto& w : works) {
+    if (device < 0 && w->device() >= 0) device = w->device(), comm = w->comm_stream();
+    for (const auto& t : w->result()) outputs.push_back(t);
+  }
+  auto finish = [works]() -> sim::Seconds {
+    sim::Seconds end = 0;
+    for (const auto& w : works) end = std::max(end, w->end());
+    return end;
+  };
+  return c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::COALESCED, device, comm, finish, std::move(outputs));
+}
+
+}  // namespace zion::dist

@@ -1,0 +1,47 @@
+#pragma once
+// What every collective of ProcessGroupZion does with its tensors: the CPU
+// tensors gloo moves in their place (a zero-copy alias of a zion tensor, a
+// CPU tensor itself), their sizes, and the first problem found.
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "device/tensor_alias.h"
+
+namespace zion::dist {
+
+// The CPU tensor gloo reads and writes for `t`: a zero-copy alias of a zion
+// tensor, or the CPU tensor itself.
+inline at::Tensor gloo_view(const at::Tensor& t) { return t.device().is_cpu() ? t : device::cpu_alias(t); }
+
+inline std::vector<at::Tensor> gloo_views(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(gloo_view(t));
+  return out;
+}
+
+inline double nbytes(const std::vector<at::Tensor>& tensors) {
+  double total = 0;
+  for (const auto& t : tensors) {
+    if (t.defined()) total += static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+  }
+  return total;
+}
+
+inline int64_t numel(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    if (t.defined()) total += t.numel();
+  }
+  return total;
+}
+
+// Keeps the first problem: the one the user should fix first.
+inline void note(std::string& error, const std::string& problem) {
+  if (error.empty()) error = problem;
+}
+
+}  // namespace zion::dist

@@ -1,0 +1,231 @@
+"""The ``zion`` backend's rooted and list collectives, coalescing, batched
+point-to-point and CPU tensors, in real processes: results equal gloo's on
+CPU, and each collective's modeled time equals the collective model's for the
+same devices.
+
+gather and scatter have no operation of their own in the model: each is the
+all_to_all whose only non-zero column (gather) or row (scatter) is the
+root's, so the model prices the root's links carrying n - 1 tensors. The
+size recorded is the root's buffer (n x the per-rank tensor), as nccl-tests
+counts gather and scatter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zion_emu
+from zion_emu import sim
+from test_distributed import _Clock, _data, _init, _last, _spawn
+
+F32 = 4
+
+
+def _rooted(n: int, root: int, nbytes: float, to_root: bool) -> list[list[float]]:
+    """Bytes rank i sends rank j in a gather (to_root) or scatter from ``root``."""
+    return [[float(nbytes) if (j == root if to_root else i == root) else 0.0 for j in range(n)] for i in range(n)]
+
+
+def _list_collectives_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+    clock = _Clock(rank, nprocs, gloo)
+    n, devices = nprocs, list(range(nprocs))
+
+    # gather to rank 1
+    x = _data(rank, (100,), seed=11)
+    z = x.to("zion")
+    gathered = [torch.empty(100, device="zion") for _ in range(n)] if rank == 1 else None
+    record = clock.check(lambda: dist.gather(z, gathered, dst=1), "all_to_all", n * 100 * F32, devices,
+                         all_to_all_bytes=_rooted(n, 1, 100 * F32, to_root=True))
+    assert record["call"] == "gather"
+    ref = [torch.empty(100) for _ in range(n)] if rank == 1 else None
+    dist.gather(x, ref, dst=1, group=gloo)
+    if rank == 1:
+        assert all(torch.equal(g.cpu(), r) for g, r in zip(gathered, ref))
+    if n == 4:
+        # The fully connected zion fabric: the three senders' 400 bytes cross
+        # their own links to the root at once: 6.6 us base latency + 0.6 us
+        # link latency + 400 B / 25 GB/s = 7.216 us.
+        assert record["algorithm"] == "direct"
+        assert record["time"] == pytest.approx(6.6e-6 + 0.6e-6 + 400 / 25e9, rel=1e-9)
+
+    # scatter from rank 0
+    pieces = [_data(j, (3, 7), seed=12) for j in range(n)] if rank == 0 else None
+    out = torch.empty(3, 7, device="zion")
+    zion_pieces = [p.to("zion") for p in pieces] if rank == 0 else None
+    record = clock.check(lambda: dist.scatter(out, zion_pieces, src=0), "all_to_all", n * 21 * F32, devices,
+                         all_to_all_bytes=_rooted(n, 0, 21 * F32, to_root=False))
+    assert record["call"] == "scatter"
+    ref = torch.empty(3, 7)
+    dist.scatter(ref, pieces, src=0, group=gloo)
+    assert torch.equal(out.cpu(), ref) and torch.equal(ref, _data(rank, (3, 7), seed=12))
+
+    # all_to_all with tensor lists, even: one closed form, as all_to_all_single
+    ins = [_data(rank, (4, 2), seed=13 + j) for j in range(n)]
+    outs = [torch.empty(4, 2, device="zion") for _ in range(n)]
+    zins = [t.to("zion") for t in ins]
+    record = clock.check(lambda: dist.all_to_all(outs, zins), "all_to_all", n * 8 * F32, devices)
+    assert record["call"] == "all_to_all"
+    ref = [torch.empty(4, 2) for _ in range(n)]
+    dist.all_to_all(ref, ins, group=gloo)
+    assert all(torch.equal(o.cpu(), r) for o, r in zip(outs, ref))
+
+    # all_to_all with tensor lists, uneven: rank i sends rows[i][j] rows of 3
+    # floats to rank j. gloo's list form takes equal sizes only; its
+    # all_to_all_single over the concatenated lists moves the same elements.
+    rows = [[(i + 2 * j) % 3 + 1 for j in range(n)] for i in range(n)]
+    ins = [_data(rank, (rows[rank][j], 3), seed=20 + j) for j in range(n)]
+    outs = [torch.empty(rows[j][rank], 3, device="zion") for j in range(n)]
+    zins = [t.to("zion") for t in ins]
+    matrix = [[float(r * 3 * F32) for r in row] for row in rows]
+    clock.check(lambda: dist.all_to_all(outs, zins), "all_to_all", max(sum(row) for row in matrix), devices,
+                all_to_all_bytes=matrix)
+    send, recv = [t.numel() for t in ins], [rows[j][rank] * 3 for j in range(n)]
+    ref = torch.empty(sum(recv))
+    dist.all_to_all_single(ref, torch.cat([t.flatten() for t in ins]), recv, send, group=gloo)
+    assert torch.equal(torch.cat([o.cpu().flatten() for o in outs]), ref)
+    for j in range(n):  # and each piece is what rank j meant for this rank
+        assert torch.equal(outs[j].cpu(), _data(j, (rows[j][rank], 3), seed=20 + rank))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_gather_scatter_and_list_all_to_all_equal_gloo_and_take_the_modeled_time(tmp_path, nprocs):
+    _spawn(_list_collectives_worker, nprocs, tmp_path)
+
+
+def _coalescing_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+    clock = _Clock(rank, nprocs, gloo)
+    n, devices = nprocs, list(range(nprocs))
+
+    # dist._coalescing_manager hands the backend one fused call, priced as one
+    # collective of the total size: one base latency for the three tensors.
+    xs = [_data(rank, (s,), seed=30 + s) for s in (10, 33, 7)]
+    zs = [x.to("zion") for x in xs]
+
+    def all_reduce_coalesced() -> None:
+        with dist._coalescing_manager():
+            for z in zs:
+                dist.all_reduce(z)
+
+    record = clock.check(all_reduce_coalesced, "all_reduce", 50 * F32, devices)
+    assert record["call"] == "all_reduce_coalesced"
+    with dist._coalescing_manager(group=gloo):
+        for x in xs:
+            dist.all_reduce(x, group=gloo)
+    assert all(torch.equal(z.cpu(), x) for z, x in zip(zs, xs))
+
+    # The same with a device and async_ops: the backend's start/endCoalescing
+    # bracket the fused call, and the batch's one Work ends with it.
+    zs = [x.to("zion") for x in xs]
+    with dist._coalescing_manager(device=torch.device("zion", rank), async_ops=True) as cm:
+        for z in zs:
+            dist.all_reduce(z)
+    assert len(cm.works) == 1
+    cm.wait()
+    assert clock.stream_time() == pytest.approx(_last()["end"], rel=1e-12)
+    assert _last()["call"] == "all_reduce_coalesced"
+    for x in xs:
+        dist.all_reduce(x, group=gloo)
+    assert all(torch.equal(z.cpu(), x) for z, x in zip(zs, xs))
+
+    # all_gather_into_tensor and reduce_scatter_tensor, coalesced; gloo has no
+    # fused form of these, and its single calls give the same results.
+    ins = [_data(rank, (s,), seed=40 + s) for s in (6, 2)]
+    outs = [torch.empty(n * s, device="zion") for s in (6, 2)]
+    zins = [t.to("zion") for t in ins]
+
+    def all_gather_coalesced() -> None:
+        with dist._coalescing_manager():
+            for o, i in zip(outs, zins):
+                dist.all_gather_into_tensor(o, i)
+
+    record = clock.check(all_gather_coalesced, "all_gather", n * 8 * F32, devices)
+    assert record["call"] == "all_gather_into_tensor_coalesced"
+    for o, i in zip(outs, ins):
+        ref = torch.empty(o.numel())
+        dist.all_gather_into_tensor(ref, i, group=gloo)
+        assert torch.equal(o.cpu(), ref)
+
+    ins = [_data(rank, (n * s,), seed=50 + s) for s in (5, 3)]
+    outs = [torch.empty(s, device="zion") for s in (5, 3)]
+    zins = [t.to("zion") for t in ins]
+
+    def reduce_scatter_coalesced() -> None:
+        with dist._coalescing_manager():
+            for o, i in zip(outs, zins):
+                dist.reduce_scatter_tensor(o, i)
+
+    record = clock.check(reduce_scatter_coalesced, "reduce_scatter", n * 8 * F32, devices)
+    assert record["call"] == "reduce_scatter_tensor_coalesced"
+    for o, i in zip(outs, ins):
+        ref = torch.empty(o.numel())
+        dist.reduce_scatter_tensor(ref, i, group=gloo)
+        assert torch.equal(o.cpu(), ref)
+
+    # batch_isend_irecv around the ring, each rank receiving before it sends
+    # (a blocking receive would deadlock here): one Work for the batch (the
+    # backend coalesces, as NCCL's does), and after it the current stream
+    # stands past the two transfers, each priced between its two devices.
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    payload = torch.full((50,), float(rank), device="zion")
+    got = torch.empty(50, device="zion")
+    start = clock.latest_start(list(range(n)))
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, prv), dist.P2POp(dist.isend, payload, nxt)])
+    assert len(reqs) == 1
+    reqs[0].wait()
+    assert torch.equal(got.cpu(), torch.full((50,), float(prv)))
+    hop = max(sim.collective_time(clock.platform, "send_recv", 200, [prv, rank]),
+              sim.collective_time(clock.platform, "send_recv", 200, [rank, nxt]))
+    assert clock.stream_time() >= start + hop
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nprocs", [3])
+def test_coalesced_calls_are_priced_as_one_collective_and_batched_p2p_does_not_deadlock(tmp_path, nprocs):
+    _spawn(_coalescing_worker, nprocs, tmp_path)
+
+
+def _host_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+
+    # A zion collective first, so there is a record to keep.
+    z = torch.ones(8, device="zion")
+    dist.all_reduce(z)
+    before, clock = _last(), zion_emu.clock()
+
+    # CPU tensors on the zion group go through gloo, unmodeled: results are
+    # gloo's, the virtual clock and the last record stay as they were.
+    x = _data(rank, (17,), seed=60)
+    y = x.clone()
+    dist.all_reduce(x)
+    dist.all_reduce(y, group=gloo)
+    assert torch.equal(x, y)
+    outs = [torch.empty(17) for _ in range(nprocs)]
+    dist.all_gather(outs, x)
+    assert all(torch.equal(o, y) for o in outs)
+    assert _last() == before and zion_emu.clock() == clock
+
+    # Object collectives pickle into CPU tensors: the zion group carries them.
+    objects: list[object] = [None] * nprocs
+    dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"})
+    assert objects == [{"rank": r, "name": f"r{r}"} for r in range(nprocs)]
+    shared = [f"from {rank}", rank] if rank == 0 else [None, None]
+    dist.broadcast_object_list(shared, src=0)
+    assert shared == ["from 0", 0]
+
+    # CPU send/recv too.
+    t = torch.arange(5.0) if rank == 0 else torch.empty(5)
+    if rank == 0:
+        dist.send(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        assert torch.equal(t, torch.arange(5.0))
+    dist.destroy_process_group()
+
+
+def test_cpu_tensors_and_object_collectives_go_through_gloo_unmodeled(tmp_path):
+    _spawn(_host_worker, 2, tmp_path)
