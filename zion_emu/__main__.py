@@ -1,4 +1,4 @@
-"""``python -m zion_emu`` / ``zion-emu``: info, collectives, demo."""
+"""``python -m zion_emu`` / ``zion-emu``: the commands listed in ``COMMANDS``."""
 
 from __future__ import annotations
 
@@ -8,14 +8,20 @@ import sys
 from zion_emu.cli import CliError, Parser, collectives, demo, info
 from zion_emu.platform import ConfigError
 
+# Each module has add_parser(subparsers); the help lists them in this order.
+COMMANDS = (
+    info,
+    collectives,
+    demo,
+)
+
 
 def _parser() -> Parser:
     parser = Parser(prog="zion-emu", description="A virtual Facebook Zion training platform: "
                                                  "inspect the modeled machine and time collectives on it.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    info.add_parser(commands)
-    collectives.add_parser(commands)
-    demo.add_parser(commands)
+    for command in COMMANDS:
+        command.add_parser(commands)
     return parser
 
 
