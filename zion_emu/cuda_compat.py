@@ -270,7 +270,7 @@ def _patch_devices() -> None:
 
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         if isinstance(dtype, _LegacyType):
-            dtype = dtype.__name__
+            dtype = "torch.cuda." + dtype.__name__
         if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
             legacy = _LEGACY.get(dtype[len("torch.cuda."):])
             if legacy is None:
