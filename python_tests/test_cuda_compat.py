@@ -156,6 +156,9 @@ def test_factories_and_tensor_methods_take_cuda_devices(compat):
         assert str(x.new_zeros(2, device="cuda:4").device) == "zion:4"
         assert str(x.new_tensor([1.0], device="cuda").device) == "zion:0"
         assert x.to(torch.float16).dtype == torch.float16 and x.to(y).device == y.device
+        made_before_enable = torch._C.device("cuda", 1)  # a CUDA torch.device that escaped translation
+        assert made_before_enable.type == "cuda" and str(x.to(made_before_enable).device) == "zion:1"
+        assert str(torch.ones(1, device=made_before_enable).device) == "zion:1"
     """)
 
 
@@ -220,6 +223,17 @@ def test_torch_load_maps_cuda_locations(compat, tmp_path):
     """)
 
 
+def test_torch_compile_traces_cuda_devices(compat):
+    # aot_eager: the graph runs op by op on zion (inductor is refused on zion).
+    compat.check("""
+        import torch
+        def f(x):
+            return x.to(torch.device("cuda", 1)) + torch.ones(4, device="cuda:1")
+        out = torch.compile(f, backend="aot_eager")(torch.arange(4.0))
+        assert str(out.device) == "zion:1" and out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    """)
+
+
 # Random numbers.
 def test_generators_and_seeds(compat):
     # A zion generator holds a CPU generator's state: a seed draws the CPU's numbers.
@@ -268,6 +282,8 @@ def test_streams(compat):
     compat.check("""
         import torch
         s = torch.cuda.Stream()
+        assert isinstance(s, torch.cuda.Stream) and isinstance(torch.cuda.Event(), torch.cuda.Event)
+        assert isinstance(s, torch.Stream) and torch.cuda.Stream.wait_stream is torch.Stream.wait_stream
         assert s.device == torch.device("zion", 0) and s != torch.cuda.default_stream()
         assert torch.cuda.current_stream() == torch.cuda.default_stream()
         assert torch.cuda.default_stream("cuda:1").device_index == 1

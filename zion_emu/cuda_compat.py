@@ -151,6 +151,17 @@ class _Alias(type):
     def __getattr__(cls, name: str) -> Any:
         return getattr(cls.__wrapped__, name)
 
+    # Equal to the C type, with its hash: tables keyed by it (torch.fx's
+    # builtins, dynamo's rules) find the stand-in too.
+    def __eq__(cls, other: object) -> bool:
+        return other is cls or other is cls.__wrapped__
+
+    def __ne__(cls, other: object) -> bool:
+        return not (other is cls or other is cls.__wrapped__)
+
+    def __hash__(cls) -> int:
+        return hash(cls.__wrapped__)
+
 
 class _DeviceMeta(_Alias):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -170,6 +181,13 @@ class _DeviceMeta(_Alias):
 class _GeneratorMeta(_Alias):
     def __call__(cls, device: Any = "cpu") -> Any:
         return _TorchGenerator(device=translate(device, "torch.Generator(device=cuda)"))
+
+
+class _Factory(_Alias):
+    """A stand-in class whose call is a factory function (``_make``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._make(*args, **kwargs)
 
 
 def _device_kwarg(fn: Callable[..., Any], where: str, key: str = "device") -> Callable[..., Any]:
@@ -398,8 +416,15 @@ def _cuda_module_functions() -> dict[str, Any]:
 
         return wrapper
 
-    def Stream(device: Any = None, priority: int = 0, **kwargs: Any) -> torch.Stream:  # noqa: N802
+    def new_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> torch.Stream:
         return z.Stream(_index(device), priority)
+
+    # Classes to the script (isinstance, torch.cuda.Stream.wait_stream), torch's
+    # generic Stream and Event on a zion device when called.
+    Stream = _Factory("Stream", (), {"__wrapped__": torch.Stream, "_make": staticmethod(new_stream),
+                                     "__module__": "torch.cuda"})
+    Event = _Factory("Event", (), {"__wrapped__": torch.Event, "_make": staticmethod(z.Event),
+                                   "__module__": "torch.cuda"})
 
     def default_stream(device: Any = None) -> torch.Stream:
         current = z.current_stream(_index(device))  # stream 0 of the same device is its default stream
@@ -425,7 +450,7 @@ def _cuda_module_functions() -> dict[str, Any]:
         "_lazy_init": z._lazy_init, "_is_in_bad_fork": z._is_in_bad_fork, "device_count": z.device_count,
         "current_device": z.current_device, "set_device": set_device, "device": device, "device_of": device_of,
         "get_device_name": with_index(z.get_device_name), "get_device_properties": with_index(z.get_device_properties),
-        "synchronize": with_index(z.synchronize), "Stream": Stream, "Event": z.Event,
+        "synchronize": with_index(z.synchronize), "Stream": Stream, "Event": Event,
         "current_stream": with_index(z.current_stream), "default_stream": default_stream, "stream": z.stream,
         "set_stream": set_stream, "manual_seed": z.manual_seed, "manual_seed_all": z.manual_seed_all,
         "seed": z.seed, "seed_all": z.seed_all, "initial_seed": z.initial_seed,
@@ -509,6 +534,9 @@ def _patch_cuda_module() -> None:
 
 def _counted(fn: Any, name: str) -> Any:
     """``fn`` counting its calls under ``name`` (a class is counted when built)."""
+    if isinstance(fn, _Factory):
+        fn._make = staticmethod(_counted(fn._make, name))
+        return fn
     if isinstance(fn, type):
         return type(fn.__name__, (fn,), {"__init__": _counting_init(fn.__init__, name), "__module__": "torch.cuda"})
 
