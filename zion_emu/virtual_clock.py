@@ -15,8 +15,9 @@ is kept.
 
 What keeps real time:
 - code that waits with a deadline: calls from the standard library's
-  concurrency and I/O modules and from torch's process, data-loading and
-  rendezvous code (:data:`REAL_TIME_CALLERS`) read the real clocks, or a
+  concurrency and I/O modules and from torch's distributed (store barriers,
+  rendezvous), process, data-loading and compiler code
+  (:data:`REAL_TIME_CALLERS`) read the real clocks, or a
   ``Queue.get(timeout=...)`` would never time out while no modeled time
   passes; modules that bound ``from time import monotonic`` before
   :func:`enable` (``threading``, ``queue``, ``subprocess``) keep real time too;
@@ -44,7 +45,7 @@ _native = _C.device
 REAL_TIME_CALLERS: tuple[str, ...] = (
     "asyncio", "concurrent", "http", "multiprocessing", "queue", "selectors", "socket", "socketserver", "ssl",
     "subprocess", "threading", "urllib",
-    "torch.distributed.elastic", "torch.multiprocessing", "torch.utils.data", "torch._dynamo", "torch._inductor",
+    "torch.distributed", "torch.multiprocessing", "torch.utils.data", "torch._dynamo", "torch._inductor",
 )
 
 # The real clocks, as they were before any patching.
