@@ -53,9 +53,14 @@ class Batch:
     offsets: torch.Tensor  # [global batch] int64, the bag starts
     labels: torch.Tensor  # [local batch] float32
 
-    def to(self, device: torch.device) -> "Batch":
-        return Batch(self.dense.to(device), [i.to(device) for i in self.indices], self.offsets.to(device),
-                     self.labels.to(device))
+    def to(self, device: torch.device, host_tables: frozenset[int] = frozenset()) -> "Batch":
+        """The batch on ``device``; the indices of the owned tables numbered in
+        ``host_tables`` (positions in ``indices``: tables in host DDR, looked up
+        by the CPU) stay where they are, as do the offsets when any do."""
+        offsets = self.offsets if host_tables else self.offsets.to(device)
+        return Batch(self.dense.to(device),
+                     [i if k in host_tables else i.to(device) for k, i in enumerate(self.indices)],
+                     offsets, self.labels.to(device))
 
 
 class SyntheticData:

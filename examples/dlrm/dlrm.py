@@ -37,10 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from configs import CONFIGS  # noqa: E402
 from data import CRITEO_DENSE_FEATURES, KINDS, Batch, SyntheticData  # noqa: E402
-from model import DenseArch, EmbeddingArch, table_owners  # noqa: E402
+from model import DenseArch, EmbeddingArch, place_tables, table_owners  # noqa: E402
 
 DEVICES = ("cpu", "zion", "cuda")
 OPTIMIZERS = ("sgd", "adagrad")
+PLACEMENTS = ("hbm", "ddr", "auto")
 BACKENDS = {"cpu": "gloo", "zion": "zion", "cuda": "nccl"}
 
 
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch-embedding-size", help="rows per table, e.g. 1000-1000-1000")
     p.add_argument("--arch-mlp-bot", help="bottom MLP widths from the dense features, e.g. 13-512-256-64")
     p.add_argument("--arch-mlp-top", help="top MLP widths after the interaction, e.g. 512-256-1")
+    p.add_argument("--table-placement", choices=PLACEMENTS, default="hbm",
+                   help="where the embedding tables live on zion: hbm (the device), ddr (the rank's socket DDR, "
+                        "looked up by the CPU), auto (hottest tables in HBM up to --hbm-budget, the rest in DDR)")
+    p.add_argument("--hbm-budget", default="1G", help="HBM bytes per rank for tables under --table-placement auto "
+                                                      "(K/M/G suffixes are powers of two; default 1G)")
     p.add_argument("--mini-batch-size", type=int, help="global batch, split evenly over the ranks")
     p.add_argument("--num-batches", type=int, help="training iterations")
     p.add_argument("--num-indices-per-lookup", type=int, help="indices pooled per table per sample")
@@ -117,10 +123,27 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot} starts with {args.bottom[0]} dense features, but "
                          f"--data criteo-synthetic has {CRITEO_DENSE_FEATURES}; start it with {CRITEO_DENSE_FEATURES} "
                          f"or use --data random")
+    args.hbm_budget_bytes = _bytes("--hbm-budget", args.hbm_budget)
+    if args.table_placement != "hbm" and args.device != "zion":
+        raise UsageError(f"--table-placement {args.table_placement} places tables on the modeled Zion's sockets; "
+                         f"it needs --device zion, not --device {args.device}")
     if args.platform is not None and args.device != "zion":
         raise UsageError(f"--platform {args.platform} picks the modeled machine; it needs --device zion, "
                          f"not --device {args.device}")
     return args
+
+
+def _bytes(flag: str, text: str) -> int:
+    """'512M' -> 536870912; K, M, G are powers of two."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a size; give bytes, e.g. 1073741824, 512M or 2G") from None
+    if value < 0:
+        raise UsageError(f"{flag} {text!r} is negative")
+    return int(value)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -151,7 +174,17 @@ class Run:
         return self.args.mini_batch_size // self.world_size
 
     def step(self, batch: Batch) -> torch.Tensor:
-        """One training iteration on a batch already on the device; returns this rank's loss (on the device)."""
+        """One training iteration on a batch already on the device; returns this rank's loss (on the device).
+        With tables in DDR, the CPU's part of the step (their lookups, gradients and updates) runs in the
+        rank's socket, which prices it."""
+        if not self.embeddings.host_tables:
+            return self._step(batch)
+        import zion_emu
+
+        with zion_emu.socket(self.embeddings.socket):
+            return self._step(batch)
+
+    def _step(self, batch: Batch) -> torch.Tensor:
         pooled = self.embeddings(batch.indices, batch.offsets, self.local_batch)
         logits = self.dense(batch.dense, pooled)
         loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
@@ -222,7 +255,15 @@ def setup(args: argparse.Namespace) -> Run:
         dist.init_process_group(BACKENDS[args.device], rank=rank, world_size=world)
 
     owners = table_owners(len(args.table_rows), world)
-    embeddings = EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, rank, args.seed, device)
+    placement = place_tables(args.table_rows, args.arch_sparse_feature_size, args.num_indices_per_lookup,
+                             owners[rank], args.table_placement, args.hbm_budget_bytes)
+    socket = None
+    if "ddr" in placement:
+        from zion_emu import sockets
+
+        socket = sockets.current_socket()  # the socket this rank's OAM's PCIe switch hangs off
+    embeddings = EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, rank, args.seed, device,
+                               placement, socket)
     dense: nn.Module = DenseArch(args.bottom, args.top, len(args.table_rows), args.seed).to(device)
     if world > 1:
         dense = nn.parallel.DistributedDataParallel(dense, device_ids=[local_rank] if device.type == "cuda" else None)
@@ -249,7 +290,18 @@ def describe(run: Run) -> str:
             f"(per rank {owned}) rows {a.arch_embedding_size if not a.max_rows else '-'.join(map(str, a.table_rows))} "
             f"dim {a.arch_sparse_feature_size} bot {a.arch_mlp_bot} top {a.arch_mlp_top} "
             f"global_batch {a.mini_batch_size} lookups {a.num_indices_per_lookup} data {a.data} "
-            f"optimizer {a.optimizer} lr {a.learning_rate}")
+            f"optimizer {a.optimizer} lr {a.learning_rate} placement {a.table_placement}")
+
+
+def placement_lines(run: Run) -> list[str]:
+    """Where this rank's tables live, one line each."""
+    a, emb = run.args, run.embeddings
+    lines = []
+    for t, where in zip(emb.owners[run.rank], emb.placement):
+        size = a.table_rows[t] * a.arch_sparse_feature_size * 4
+        place = f"ddr socket {emb.socket}" if where == "ddr" else f"hbm {run.device}"
+        lines.append(f"# rank {run.rank} table {t} rows {a.table_rows[t]} bytes {size} place {place}")
+    return lines
 
 
 def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
@@ -269,7 +321,7 @@ def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     clock_start = clock_last = run.modeled_clock()
     last_iter = 0
     for i in range(a.num_batches):
-        batch = run.data.batch(i).to(run.device)
+        batch = run.data.batch(i).to(run.device, run.embeddings.host_tables)
         loss = run.step(batch)
         bar.update(1)
         if (i + 1) % a.print_freq and i + 1 != a.num_batches:
@@ -316,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if run.rank == 0:
         emit(describe(run))
+    if args.table_placement != "hbm":
+        for line in placement_lines(run):
+            emit(line)
     train(run, emit)
     if run.world_size > 1:
         dist.destroy_process_group()

@@ -121,24 +121,78 @@ class PooledExchange(torch.autograd.Function):
         return grad_send, None, None, None, None
 
 
+def place_tables(table_rows: list[int], dim: int, lookups: int, owned: list[int], placement: str,
+                 hbm_budget: int) -> list[str]:
+    """Where each owned table lives: "hbm" (on the device) or "ddr" (in the
+    rank's socket DDR, looked up by the CPU).
+
+    ``auto`` puts the hottest tables in HBM until ``hbm_budget`` bytes are
+    used: hottest by expected lookups per byte of table (every table gets
+    ``lookups`` per sample here, so the smaller table is the hotter one), the
+    rest in DDR."""
+    if placement in ("hbm", "ddr"):
+        return [placement] * len(owned)
+    heat = sorted(owned, key=lambda t: (-lookups / (table_rows[t] * dim * 4), t))
+    where, used = {}, 0
+    for t in heat:
+        size = table_rows[t] * dim * 4
+        if used + size <= hbm_budget:
+            where[t], used = "hbm", used + size
+        else:
+            where[t] = "ddr"
+    return [where[t] for t in owned]
+
+
 class EmbeddingArch(nn.Module):
-    """This rank's tables, and the exchange that hands every rank its samples' pooled rows of every table."""
+    """This rank's tables, and the exchange that hands every rank its samples' pooled rows of every table.
+
+    A table placed in "ddr" stays a CPU tensor in the DDR of ``socket``
+    (zion_emu.socket): the CPU looks it up, and the pooled rows cross PCIe
+    to the device (their gradient crosses back in backward)."""
 
     def __init__(self, table_rows: list[int], dim: int, owners: list[list[int]], rank: int, seed: int,
-                 device: torch.device) -> None:
+                 device: torch.device, placement: list[str] | None = None, socket: int | None = None) -> None:
         super().__init__()
         self.dim, self.tables, self.owners, self.rank = dim, len(table_rows), owners, rank
-        # One table at a time to the device, so the host holds at most one extra copy.
-        self.bags = nn.ModuleList(make_embedding(table_rows[t], dim, seed, t).to(device) for t in owners[rank])
+        self.placement = placement or ["hbm"] * len(owners[rank])
+        self.socket, self.device = socket, device
+        bags = []
+        for t, where in zip(owners[rank], self.placement):
+            if where == "ddr":
+                import zion_emu
+
+                with zion_emu.socket(socket):
+                    bags.append(make_embedding(table_rows[t], dim, seed, t))
+            else:
+                # One table at a time to the device, so the host holds at most one extra copy.
+                bags.append(make_embedding(table_rows[t], dim, seed, t).to(device))
+        self.bags = nn.ModuleList(bags)
+
+    @property
+    def host_tables(self) -> frozenset[int]:
+        """Positions among the owned tables of those in DDR (their indices stay on the host)."""
+        return frozenset(k for k, where in enumerate(self.placement) if where == "ddr")
+
+    def _pool(self, indices: list[torch.Tensor], offsets: torch.Tensor) -> list[torch.Tensor]:
+        """Each owned table pooled; ``offsets`` are on the host when any table is in DDR."""
+        out, device_offsets = [], None
+        for bag, idx, where in zip(self.bags, indices, self.placement):
+            if where == "ddr":
+                out.append(bag(idx, offsets).to(self.device))
+                continue
+            if offsets.device != idx.device and device_offsets is None:
+                device_offsets = offsets.to(idx.device)
+            out.append(bag(idx, offsets if offsets.device == idx.device else device_offsets))
+        return out
 
     def forward(self, indices: list[torch.Tensor], offsets: torch.Tensor, local_batch: int) -> torch.Tensor:
         """-> [local batch, tables, dim]: every table pooled over this rank's samples."""
         world = len(self.owners)
         own = len(self.bags)
         if world == 1:
-            return torch.stack([bag(idx, offsets) for bag, idx in zip(self.bags, indices)], dim=1)
+            return torch.stack(self._pool(indices, offsets), dim=1)
         if own:
-            pooled = torch.stack([bag(idx, offsets) for bag, idx in zip(self.bags, indices)])  # [own, B, dim]
+            pooled = torch.stack(self._pool(indices, offsets))  # [own, B, dim]
             # -> [world, own, b, dim]: destination-major, the all_to_all's input order.
             send = pooled.view(own, world, local_batch, self.dim).transpose(0, 1).reshape(-1)
         else:
