@@ -16,8 +16,8 @@ the handshake, the Python call).
 
 Sizes round down to whole elements (per rank for all_gather, reduce_scatter
 and all_to_all, as nccl-tests does); a size that leaves no element is skipped.
-Large sizes run fewer calls (at least one, with one warmup) so that a row moves
-about ``BYTES_PER_ROW`` bytes per rank.
+Large sizes run fewer calls so that a row moves about ``BYTES_PER_ROW`` bytes
+per rank: at least one timed call, and no more warmup calls than timed ones.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ GROUP_TIMEOUT_S = 300
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench-collectives", help="run a collective through the zion torch.distributed backend, like nccl-tests",
-        description="Spawn --nproc ranks, run one collective on zion tensors through the zion process group for "
+        description="Spawn --nproc ranks, run collectives on zion tensors through the zion process group for "
                     "each size and print an nccl-tests-like table: the modeled time, algbw and busbw "
                     "(GB/s = 1e9 bytes/s), and the host wall time per call (the emulation's own cost).")
     add_platform_arguments(p)
