@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
-from zion_emu.cli import CliError, Parser, collectives, demo, info, run, whatif
+from zion_emu.cli import CliError, Parser, bench_collectives, collectives, demo, info, run, whatif
 from zion_emu.platform import ConfigError
 
 # Each module has add_parser(subparsers); the help lists them in this order.
 COMMANDS = (
     info,
     collectives,
+    bench_collectives,
     demo,
     run,
     whatif,

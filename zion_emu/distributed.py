@@ -25,14 +25,21 @@ sets them; otherwise ranks fill the platform node by node (rank r is OAM
 r % devices_per_node of node r // devices_per_node). Ranks on different nodes
 are priced over the platform's NICs; for more than one node pick a platform
 that has them, e.g. ``ZION_PLATFORM=zionex`` or a file
-``{"base": "zion", "nodes": 2}``. ``ZION_COLLECTIVE_ALGO``
-picks the algorithm (default: the platform's ``auto``) and ``ZION_COLLECTIVE_MODE``
-the link model (``fair``, ``unaware`` or ``astra``; default ``fair``).
+``{"base": "zion", "nodes": 2}``.
+
+The model: each group prices its collectives with one algorithm and one link
+model. ``pg_options=Options(algorithm="ring", mode="unaware")`` chooses them for
+a group (``init_process_group`` or ``new_group``); what it leaves out comes from
+``ZION_COLLECTIVE_ALGO`` (default: the platform's ``auto``) and
+``ZION_COLLECTIVE_MODE`` (``fair``, ``unaware`` or ``astra``; default ``fair``).
+A group created without ``pg_options`` reads the environment alone; it does not
+inherit another group's options.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -48,10 +55,56 @@ def _env_int(name: str) -> int:
     return int(value) if value not in (None, "") else -1
 
 
-def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
-    """torch.distributed's factory (extended API): one ProcessGroupZion per group."""
+@dataclass(frozen=True)
+class Options:
+    """A zion group's model, passed as ``pg_options`` to ``init_process_group``
+    or ``new_group``. ``algorithm``: a collective algorithm of
+    ``zion_emu.sim.algorithm_names()`` (``auto`` lets the platform choose);
+    ``mode``: the link model, ``fair``, ``unaware`` or ``astra``. None takes
+    ``ZION_COLLECTIVE_ALGO`` / ``ZION_COLLECTIVE_MODE`` (then ``auto`` / ``fair``).
+    A value the model does not know raises ``ValueError`` listing the allowed ones."""
+
+    algorithm: str | None = None
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        from zion_emu import _dist
+
+        for field, value in (("algorithm", self.algorithm), ("mode", self.mode)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"zion backend: Options.{field} must be a string or None, got {type(value).__name__}")
+        _dist.check_model(self.algorithm or "auto", self.mode or "fair", "zion_emu.distributed.Options")
+
+    def resolved(self) -> tuple[str, str]:
+        """(algorithm, mode) with the environment filling what was left out."""
+        return (self.algorithm or _env_model("ZION_COLLECTIVE_ALGO", "auto"),
+                self.mode or _env_model("ZION_COLLECTIVE_MODE", "fair"))
+
+
+def _env_model(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def _group_model(backend_options: Any) -> tuple[str, str]:
+    """The (algorithm, mode) a new group prices with: its ``pg_options``, then the environment."""
     from zion_emu import _dist
 
+    options = Options() if backend_options is None else backend_options
+    if not isinstance(options, Options):
+        raise TypeError(f"zion backend: pg_options must be zion_emu.distributed.Options, got "
+                        f"{type(options).__module__}.{type(options).__qualname__}")
+    algorithm, mode = options.resolved()
+    # Options checked its own values; what is wrong now came from the environment.
+    _dist.check_model(algorithm, mode, "ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE")
+    return algorithm, mode
+
+
+def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
+    """torch.distributed's factory (extended API): one ProcessGroupZion per group;
+    ``backend_options`` is the group's ``pg_options`` (an :class:`Options` or None)."""
+    from zion_emu import _dist
+
+    algorithm, mode = _group_model(backend_options)
     rank, size = opts.group_rank, opts.group_size
     timeout = opts.timeout if isinstance(opts.timeout, timedelta) else timedelta(seconds=float(opts.timeout))
     # The inner gloo backend gets a store namespace of its own.
@@ -63,8 +116,8 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         global_rank=global_rank,
         local_rank=_env_int("LOCAL_RANK"),
         node_rank=_env_int("GROUP_RANK"),
-        algorithm=os.environ.get("ZION_COLLECTIVE_ALGO", "auto"),
-        mode=os.environ.get("ZION_COLLECTIVE_MODE", "fair"),
+        algorithm=algorithm,
+        mode=mode,
     )
 
 
@@ -84,6 +137,12 @@ def backend(group: "dist.ProcessGroup | None" = None) -> Any:
     """The ProcessGroupZion behind ``group`` (the default group when None)."""
     group = group or dist.distributed_c10d._get_default_group()
     return group._get_backend(torch.device(BACKEND))
+
+
+def group_model(group: "dist.ProcessGroup | None" = None) -> dict[str, str]:
+    """The algorithm and link model ``group`` prices its collectives with."""
+    b = backend(group)
+    return {"algorithm": b.algorithm, "mode": b.mode}
 
 
 def last_collective(group: "dist.ProcessGroup | None" = None) -> dict[str, Any]:

@@ -53,11 +53,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& outpu
     }
   }
   p.request.bytes = nbytes({input});
-  p.outputs = {output};
-  p.type = c10d::OpType::ALLTOALL_BASE;
-  return run(std::move(p), [&] {
-    at::Tensor out = gloo_view(output), in = gloo_view(input);
-    gloo_->alltoall_base(out, in, output_splits, input_splits, opts)->wait();
+  std::vector<at::Tensor> outputs{output}, inputs{input};
+  return run_pairs(std::move(p), outputs, inputs, c10d::OpType::ALLTOALL_BASE, [&](at::Tensor& out, at::Tensor& in) {
+    return gloo_->alltoall_base(out, in, output_splits, input_splits, opts);
   });
 }
 

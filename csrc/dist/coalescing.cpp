@@ -21,81 +21,28 @@
 #include "dist/tensor_lists.h"
 
 namespace zion::dist {
-namespace {
-
-std::string pairs_problem(const char* call, size_t outputs, size_t inputs) {
-  if (outputs == inputs) return {};
-  return std::string("zion backend: ") + call + ": " + std::to_string(outputs) + " outputs for " + std::to_string(inputs) +
-         " inputs; pass one output per input";
-}
-
-}  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                      const c10d::AllreduceCoalescedOptions& opts) {
   Plan p = plan(Call::kAllReduceCoalesced, sim::CollectiveOp::kAllReduce, tensors);
-  p.side.numel = numel(tensors);
   p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
-  p.request.bytes = nbytes(tensors);
-  p.outputs = tensors;
-  p.type = c10d::OpType::ALLREDUCE_COALESCED;
-  return run(std::move(p), [&] {
-    auto data = gloo_views(tensors);
-    gloo_->allreduce_coalesced(data, opts)->wait();
-  });
+  return run_in_place(std::move(p), tensors, c10d::OpType::ALLREDUCE_COALESCED,
+                      [&](std::vector<at::Tensor>& data) { return gloo_->allreduce_coalesced(data, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> all = outputs;
-  all.insert(all.end(), inputs.begin(), inputs.end());
-  Plan p = plan(Call::kAllGatherIntoTensorCoalesced, sim::CollectiveOp::kAllGather, all);
-  note(p.side.error, pairs_problem("all_gather_into_tensor (coalesced)", outputs.size(), inputs.size()));
-  for (size_t i = 0; p.side.error.empty() && i < inputs.size(); ++i) {
-    if (outputs[i].numel() != inputs[i].numel() * getSize()) {
-      note(p.side.error, "zion backend: all_gather_into_tensor (coalesced): output " + std::to_string(i) + " has " +
-                             std::to_string(outputs[i].numel()) + " elements; it needs input elements x group size = " +
-                             std::to_string(inputs[i].numel()) + " x " + std::to_string(getSize()));
-    }
-  }
-  p.side.numel = numel(inputs);
-  p.request.bytes = nbytes(outputs);  // all_gather counts the per-rank output
-  p.outputs = outputs;
-  p.type = c10d::OpType::COALESCED;
-  return run(std::move(p), [&] {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
-      gloo_->_allgather_base(out, in, opts)->wait();
-    }
-  });
+  return run_tensor_pairs(Call::kAllGatherIntoTensorCoalesced, outputs, inputs, -1, c10d::OpType::COALESCED,
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::ReduceScatterOptions& opts) {
-  std::vector<at::Tensor> all = outputs;
-  all.insert(all.end(), inputs.begin(), inputs.end());
-  Plan p = plan(Call::kReduceScatterTensorCoalesced, sim::CollectiveOp::kReduceScatter, all);
-  note(p.side.error, pairs_problem("reduce_scatter_tensor (coalesced)", outputs.size(), inputs.size()));
-  for (size_t i = 0; p.side.error.empty() && i < inputs.size(); ++i) {
-    if (inputs[i].numel() != outputs[i].numel() * getSize()) {
-      note(p.side.error, "zion backend: reduce_scatter_tensor (coalesced): input " + std::to_string(i) + " has " +
-                             std::to_string(inputs[i].numel()) + " elements; it needs output elements x group size = " +
-                             std::to_string(outputs[i].numel()) + " x " + std::to_string(getSize()));
-    }
-  }
-  p.side.numel = numel(outputs);
-  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
-  p.request.bytes = nbytes(inputs);  // reduce_scatter counts the per-rank input
-  p.outputs = outputs;
-  p.type = c10d::OpType::COALESCED;
-  return run(std::move(p), [&] {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
-      gloo_->_reduce_scatter_base(out, in, opts)->wait();
-    }
-  });
+  return run_tensor_pairs(Call::kReduceScatterTensorCoalesced, outputs, inputs, static_cast<int64_t>(opts.reduceOp.op_),
+                          c10d::OpType::COALESCED,
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); });
 }
 
 void ProcessGroupZion::startCoalescing() {

@@ -21,45 +21,48 @@ std::vector<std::vector<double>> rooted_bytes(int n, int root, double bytes, boo
   return matrix;
 }
 
-std::string root_problem(const char* call, int64_t root, int size) {
-  if (root >= 0 && root < size) return {};
-  return std::string("zion backend: ") + call + ": root " + std::to_string(root) + " is not a rank of this group (0.." +
-         std::to_string(size - 1) + ")";
+// What gather and scatter check alike. `own`: the one tensor every rank
+// passes (gather's input, scatter's output); `lists`: the root's list of one
+// tensor per rank (gather_list, scatter_list), which no other rank passes.
+// Sets the size the ranks agree on and the bytes the model prices, sent
+// `to_root` (gather) or from it (scatter).
+void check_rooted(RankSide& side, sim::CollectiveRequest& request, const std::string& call, bool to_root, const char* own_name,
+                  const char* list_name, const std::vector<at::Tensor>& own, const std::vector<std::vector<at::Tensor>>& lists,
+                  int64_t root, int rank, int n) {
+  if (root < 0 || root >= n) {
+    note(side.error, "zion backend: " + call + ": root " + std::to_string(root) + " is not a rank of this group (0.." +
+                         std::to_string(n - 1) + ")");
+  }
+  side.root = root;
+  if (own.size() != 1) {
+    note(side.error, "zion backend: " + call + " takes one " + own_name + " tensor per rank, got " + std::to_string(own.size()));
+    return;
+  }
+  side.numel = own[0].numel();
+  if (root == rank && (lists.size() != 1 || static_cast<int>(lists[0].size()) != n)) {
+    note(side.error, "zion backend: " + call + ": the root needs a " + list_name + " of " + std::to_string(n) +
+                         " tensors, one per rank");
+  } else if (root != rank && !lists.empty() && !lists[0].empty()) {
+    note(side.error, "zion backend: " + call + ": only the root (rank " + std::to_string(root) + ") passes a " + list_name +
+                         "; rank " + std::to_string(rank) + " passed one");
+  }
+  for (const auto& list : lists) {
+    note(side.error, same_numel_problem(call, std::string("a ") + list_name + " tensor", list, own_name, own[0].numel()));
+  }
+  double each = nbytes(own);
+  request.bytes = each * n;
+  if (side.error.empty()) request.all_to_all_bytes = rooted_bytes(n, static_cast<int>(root), each, to_root);
 }
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                         std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
-  const int n = getSize();
   const bool root = opts.rootRank == getRank();
   std::vector<at::Tensor> all = inputs;
   for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
   Plan p = plan(Call::kGather, sim::CollectiveOp::kAllToAll, all);
-  note(p.side.error, root_problem("gather", opts.rootRank, n));
-  p.side.root = opts.rootRank;
-  if (inputs.size() != 1) {
-    note(p.side.error, "zion backend: gather takes one input tensor per rank, got " + std::to_string(inputs.size()));
-  } else {
-    p.side.numel = inputs[0].numel();
-    if (root && (outputs.size() != 1 || static_cast<int>(outputs[0].size()) != n)) {
-      note(p.side.error, "zion backend: gather: the root needs a gather_list of " + std::to_string(n) + " tensors, one per rank");
-    } else if (!root && !outputs.empty() && !outputs[0].empty()) {
-      note(p.side.error, "zion backend: gather: only the root (rank " + std::to_string(opts.rootRank) +
-                             ") passes a gather_list; rank " + std::to_string(getRank()) + " passed one");
-    }
-    for (const auto& list : outputs) {
-      for (const auto& o : list) {
-        if (o.defined() && o.numel() != inputs[0].numel()) {
-          note(p.side.error, "zion backend: gather: a gather_list tensor has " + std::to_string(o.numel()) +
-                                 " elements; the input has " + std::to_string(inputs[0].numel()));
-        }
-      }
-    }
-    double each = nbytes(inputs);
-    p.request.bytes = each * n;
-    if (p.side.error.empty()) p.request.all_to_all_bytes = rooted_bytes(n, static_cast<int>(opts.rootRank), each, true);
-  }
+  check_rooted(p.side, p.request, "gather", true, "input", "gather_list", inputs, outputs, opts.rootRank, getRank(), getSize());
   if (root && !outputs.empty()) p.outputs = outputs[0];
   p.type = c10d::OpType::GATHER;
   return run(std::move(p), [&] {
@@ -73,35 +76,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::gather(std::vector<std::vector<
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::scatter(std::vector<at::Tensor>& outputs,
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
-  const int n = getSize();
   const bool root = opts.rootRank == getRank();
   std::vector<at::Tensor> all = outputs;
   for (const auto& list : inputs) all.insert(all.end(), list.begin(), list.end());
   Plan p = plan(Call::kScatter, sim::CollectiveOp::kAllToAll, all);
-  note(p.side.error, root_problem("scatter", opts.rootRank, n));
-  p.side.root = opts.rootRank;
-  if (outputs.size() != 1) {
-    note(p.side.error, "zion backend: scatter takes one output tensor per rank, got " + std::to_string(outputs.size()));
-  } else {
-    p.side.numel = outputs[0].numel();
-    if (root && (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != n)) {
-      note(p.side.error, "zion backend: scatter: the root needs a scatter_list of " + std::to_string(n) + " tensors, one per rank");
-    } else if (!root && !inputs.empty() && !inputs[0].empty()) {
-      note(p.side.error, "zion backend: scatter: only the root (rank " + std::to_string(opts.rootRank) +
-                             ") passes a scatter_list; rank " + std::to_string(getRank()) + " passed one");
-    }
-    for (const auto& list : inputs) {
-      for (const auto& t : list) {
-        if (t.defined() && t.numel() != outputs[0].numel()) {
-          note(p.side.error, "zion backend: scatter: a scatter_list tensor has " + std::to_string(t.numel()) +
-                                 " elements; the output has " + std::to_string(outputs[0].numel()));
-        }
-      }
-    }
-    double each = nbytes(outputs);
-    p.request.bytes = each * n;
-    if (p.side.error.empty()) p.request.all_to_all_bytes = rooted_bytes(n, static_cast<int>(opts.rootRank), each, false);
-  }
+  check_rooted(p.side, p.request, "scatter", false, "output", "scatter_list", outputs, inputs, opts.rootRank, getRank(), getSize());
   p.outputs = outputs;
   p.type = c10d::OpType::SCATTER;
   return run(std::move(p), [&] {

@@ -51,6 +51,21 @@ PeerSide decode(const std::vector<uint8_t>& bytes) {
 
 const char* where(double host) { return host != 0 ? "a CPU tensor" : "a zion tensor"; }
 
+// The peer's side of a transfer, read (waiting for it) and removed from the
+// store, checked against this side: a send (`sending`) or recv with `peer`.
+PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const PeerSide& mine, bool sending, int peer) {
+  PeerSide theirs = decode(store.get(theirs_key));
+  store.deleteKey(theirs_key);
+  const char* call = sending ? "send" : "recv";
+  const char* to = sending ? " to rank " : " from rank ";
+  TORCH_CHECK(theirs.host == mine.host, "zion backend: ", call, sending ? " of " : " into ", where(mine.host), to, peer,
+              sending ? ", which receives into " : ", which sends ", where(theirs.host),
+              "; both sides must use zion tensors (or both CPU tensors)");
+  TORCH_CHECK(theirs.bytes == mine.bytes, "zion backend: ", call, to, peer, " of ", mine.bytes, " bytes, but rank ", peer,
+              sending ? " receives " : " sends ", theirs.bytes, " bytes; sizes must match");
+  return theirs;
+}
+
 // The single tensor of a send or recv (zion, or CPU for an unmodeled
 // transfer), or an error naming it.
 const at::Tensor& only_tensor(const std::vector<at::Tensor>& tensors, const char* call) {
@@ -62,6 +77,11 @@ const at::Tensor& only_tensor(const std::vector<at::Tensor>& tensors, const char
               zion, " tensors (wanted device '", zion, "'; move it with tensor.to('", zion, "'))");
   TORCH_CHECK(t.layout() == c10::kStrided && t.is_contiguous(), "zion backend: ", call, " needs a dense contiguous tensor");
   return t;
+}
+
+// What this side tells its peer through the store.
+PeerSide side_of(const TransferEnd& e, int global_device) {
+  return {e.start, e.bytes, static_cast<double>(global_device), e.host ? 1.0 : 0.0};
 }
 
 std::string key(int src, int dst, int64_t seq, const char* side) {
@@ -76,22 +96,46 @@ struct PostedRecv {
 
 }  // namespace
 
+TransferEnd ProcessGroupZion::transfer_end(const at::Tensor& t) {
+  TransferEnd e;
+  e.host = t.device().is_cpu();
+  e.bytes = static_cast<double>(t.numel()) * t.element_size();
+  if (e.host) return e;
+  e.device = t.device().index();
+  e.comm = comm_stream(e.device);
+  e.start = local_start(e.device, e.comm);
+  device::Runtime& rt = device::runtime();
+  rt.timeline.launch(e.device, e.comm, rt.platform.oam.launch_overhead, 0, e.start);
+  return e;
+}
+
+sim::Seconds ProcessGroupZion::charge_transfer(const char* call, const TransferEnd& mine, int src_device, int dst_device,
+                                               sim::Seconds peer_start) {
+  sim::CollectiveRequest request;
+  request.op = sim::CollectiveOp::kSendRecv;
+  request.bytes = mine.bytes;
+  request.devices = {src_device, dst_device};
+  request.algorithm = sim::Algorithm::kAuto;
+  request.mode = mode_;
+  sim::CollectiveResult priced = price(request);
+  sim::Seconds start = std::max(mine.start, peer_start);
+  device::runtime().timeline.stream_wait_until(mine.device, mine.comm, start + priced.time);
+  record({"send_recv", call, mine.bytes, request.devices, sim::algorithm_name(priced.algorithm), start, start + priced.time,
+          mine.device, mine.comm});
+  return start + priced.time;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   const at::Tensor& t = only_tensor(tensors, "send");
   TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "zion backend: send to rank ", dst,
               " is not another rank of this group (0..", getSize() - 1, ")");
-  const bool host = t.device().is_cpu();
-  c10::DeviceIndex device = host ? -1 : t.device().index();
-  int comm = host ? -1 : comm_stream(device);
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     seq = send_seq_[dst]++;
   }
-  PeerSide mine{host ? 0 : local_start(device, comm), static_cast<double>(t.numel()) * t.element_size(),
-                static_cast<double>(placement_.device), host ? 1.0 : 0.0};
-  device::Runtime& rt = device::runtime();
-  if (!host) rt.timeline.launch(device, comm, rt.platform.oam.launch_overhead, 0, mine.start);
+  const TransferEnd end = transfer_end(t);
+  const PeerSide mine = side_of(end, placement_.device);
   store_->set(key(getRank(), dst, seq, "send"), encode(mine));
   std::vector<at::Tensor> data{gloo_view(t)};
   c10::intrusive_ptr<c10d::Work> gloo_work;
@@ -102,39 +146,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
 
   const int rank = getRank();
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
-  auto finish = [self, gloo_work, data, mine, device, comm, dst, seq, rank]() -> sim::Seconds {
-    std::string theirs_key = key(rank, dst, seq, "recv");
-    PeerSide theirs = decode(self->store_->get(theirs_key));
-    self->store_->deleteKey(theirs_key);
-    TORCH_CHECK(theirs.host == mine.host, "zion backend: send of ", where(mine.host), " to rank ", dst, ", which receives into ",
-                where(theirs.host), "; both sides must use zion tensors (or both CPU tensors)");
-    TORCH_CHECK(theirs.bytes == mine.bytes, "zion backend: send to rank ", dst, " of ", mine.bytes, " bytes, but rank ", dst,
-                " receives ", theirs.bytes, " bytes; sizes must match");
+  auto finish = [self, gloo_work, data, end, mine, dst, seq, rank]() -> sim::Seconds {
+    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, seq, "recv"), mine, true, dst);
     gloo_work->wait();
-    if (mine.host != 0) return 0;
-    sim::CollectiveRequest request;
-    request.op = sim::CollectiveOp::kSendRecv;
-    request.bytes = mine.bytes;
-    request.devices = {static_cast<int>(mine.device), static_cast<int>(theirs.device)};
-    request.algorithm = sim::Algorithm::kAuto;
-    request.mode = self->mode_;
-    sim::CollectiveResult priced = self->price(request);
-    sim::Seconds start = std::max(mine.start, theirs.start);
-    device::runtime().timeline.stream_wait_until(device, comm, start + priced.time);
-    self->record({"send_recv", "send", mine.bytes, request.devices, sim::algorithm_name(priced.algorithm), start,
-                  start + priced.time, device, comm});
-    return start + priced.time;
+    if (end.host) return 0;
+    return self->charge_transfer("send", end, static_cast<int>(mine.device), static_cast<int>(theirs.device), theirs.start);
   };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, device, comm, finish, tensors));
+  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, end.device, end.comm, finish, tensors));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   const at::Tensor& t = only_tensor(tensors, "recv");
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "zion backend: recv from rank ", src,
               " is not another rank of this group (0..", getSize() - 1, ")");
-  const bool host = t.device().is_cpu();
-  c10::DeviceIndex device = host ? -1 : t.device().index();
-  int comm = host ? -1 : comm_stream(device);
   int64_t seq;
   std::shared_future<void> previous;  // the last receive from `src` still being posted
   {
@@ -142,10 +166,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
     seq = recv_seq_[src]++;
     previous = pending_recv_[src];
   }
-  PeerSide mine{host ? 0 : local_start(device, comm), static_cast<double>(t.numel()) * t.element_size(),
-                static_cast<double>(placement_.device), host ? 1.0 : 0.0};
-  device::Runtime& rt = device::runtime();
-  if (!host) rt.timeline.launch(device, comm, rt.platform.oam.launch_overhead, 0, mine.start);
+  const TransferEnd end = transfer_end(t);
+  const PeerSide mine = side_of(end, placement_.device);
   store_->set(key(src, getRank(), seq, "recv"), encode(mine));
 
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
@@ -154,12 +176,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   // Reads the sender's side (waiting for its send), checks it and posts the
   // receive to gloo.
   auto post = [self, theirs_key, mine, data, src, tag]() -> PostedRecv {
-    PeerSide theirs = decode(self->store_->get(theirs_key));
-    self->store_->deleteKey(theirs_key);
-    TORCH_CHECK(theirs.host == mine.host, "zion backend: recv into ", where(mine.host), " from rank ", src, ", which sends ",
-                where(theirs.host), "; both sides must use zion tensors (or both CPU tensors)");
-    TORCH_CHECK(theirs.bytes == mine.bytes, "zion backend: recv from rank ", src, " of ", mine.bytes, " bytes, but rank ", src,
-                " sends ", theirs.bytes, " bytes; sizes must match");
+    PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src);
     std::vector<at::Tensor> buffer = data;
     WithoutPythonObjectsInTls gloo_call;
     return {self->gloo_->recv(buffer, src, tag), theirs};
@@ -190,24 +207,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
              }).share();
   }
 
-  auto finish = [self, posted, mine, device, comm]() -> sim::Seconds {
+  auto finish = [self, posted, end, mine]() -> sim::Seconds {
     const PostedRecv& r = posted.get();
     r.gloo->wait();
-    if (mine.host != 0) return 0;
-    sim::CollectiveRequest request;
-    request.op = sim::CollectiveOp::kSendRecv;
-    request.bytes = mine.bytes;
-    request.devices = {static_cast<int>(r.sender.device), static_cast<int>(mine.device)};
-    request.algorithm = sim::Algorithm::kAuto;
-    request.mode = self->mode_;
-    sim::CollectiveResult priced = self->price(request);
-    sim::Seconds start = std::max(mine.start, r.sender.start);
-    device::runtime().timeline.stream_wait_until(device, comm, start + priced.time);
-    self->record({"send_recv", "recv", mine.bytes, request.devices, sim::algorithm_name(priced.algorithm), start,
-                  start + priced.time, device, comm});
-    return start + priced.time;
+    if (end.host) return 0;
+    return self->charge_transfer("recv", end, static_cast<int>(r.sender.device), static_cast<int>(mine.device), r.sender.start);
   };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, device, comm, finish, tensors));
+  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, tensors));
 }
 
 }  // namespace zion::dist

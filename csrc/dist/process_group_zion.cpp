@@ -221,145 +221,145 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const std::function<v
   return collect(c10::make_intrusive<ZionWork>(getRank(), p.type, p.device, comm, in.end, std::move(p.outputs)));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  Plan p = plan(Call::kAllReduce, sim::CollectiveOp::kAllReduce, tensors);
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_in_place(Plan p, std::vector<at::Tensor>& tensors, c10d::OpType type,
+                                                          const ListCall& gloo_call) {
   p.side.numel = numel(tensors);
-  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
   p.request.bytes = nbytes(tensors);
   p.outputs = tensors;
-  p.type = c10d::OpType::ALLREDUCE;
+  p.type = type;
   return run(std::move(p), [&] {
     auto data = gloo_views(tensors);
-    gloo_->allreduce(data, opts)->wait();
+    gloo_call(data)->wait();
   });
+}
+
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_pairs(Plan p, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                       c10d::OpType type, const PairCall& gloo_call) {
+  p.outputs = outputs;
+  p.type = type;
+  return run(std::move(p), [&] {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
+      gloo_call(out, in)->wait();
+    }
+  });
+}
+
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_tensor_pairs(Call call, std::vector<at::Tensor>& outputs,
+                                                              std::vector<at::Tensor>& inputs, int64_t reduce_op,
+                                                              c10d::OpType type, const PairCall& gloo_call) {
+  const bool gathers = call == Call::kAllGatherIntoTensor || call == Call::kAllGatherIntoTensorCoalesced;
+  const bool coalesced = call == Call::kAllGatherIntoTensorCoalesced || call == Call::kReduceScatterTensorCoalesced;
+  const std::string name = std::string(gathers ? "all_gather_into_tensor" : "reduce_scatter_tensor") + (coalesced ? " (coalesced)" : "");
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  Plan p = plan(call, gathers ? sim::CollectiveOp::kAllGather : sim::CollectiveOp::kReduceScatter, all);
+  if (outputs.size() != inputs.size()) {
+    note(p.side.error, "zion backend: " + name + ": " + std::to_string(outputs.size()) + " outputs for " +
+                           std::to_string(inputs.size()) + " inputs; pass one output per input");
+  }
+  // The gathered side: an all_gather's output, a reduce_scatter's input.
+  const std::vector<at::Tensor>& whole = gathers ? outputs : inputs;
+  const std::vector<at::Tensor>& part = gathers ? inputs : outputs;
+  const char* whole_kind = gathers ? "output" : "input";
+  for (size_t i = 0; p.side.error.empty() && i < whole.size(); ++i) {
+    const std::string whole_name = coalesced ? whole_kind + (" " + std::to_string(i)) : std::string("the ") + whole_kind;
+    note(p.side.error, group_multiple_problem(name, whole_name, whole[i].numel(), gathers ? "input" : "output", part[i].numel(),
+                                              getSize()));
+  }
+  p.side.numel = numel(part);
+  p.side.reduce_op = reduce_op;
+  p.request.bytes = nbytes(whole);  // nccl-tests counts all_gather's output, reduce_scatter's input
+  return run_pairs(std::move(p), outputs, inputs, type, gloo_call);
+}
+
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, std::vector<at::Tensor>& singles,
+                                                                 std::vector<std::vector<at::Tensor>>& lists, int64_t reduce_op,
+                                                                 c10d::OpType type, const ListsCall& gloo_call) {
+  const bool gathers = call == Call::kAllGather;
+  const std::string name = call_name(call);
+  const char* single_kind = gathers ? "input" : "output";
+  const char* list_kind = gathers ? "output" : "input";
+  std::vector<at::Tensor> all = singles;
+  for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
+  Plan p = plan(call, gathers ? sim::CollectiveOp::kAllGather : sim::CollectiveOp::kReduceScatter, all);
+  p.side.reduce_op = reduce_op;
+  if (singles.size() != 1 || lists.size() != 1) {
+    note(p.side.error, "zion backend: " + name + " takes one " + single_kind + " tensor and one " + list_kind + " list per rank");
+  } else {
+    p.side.numel = singles[0].numel();
+    if (static_cast<int>(lists[0].size()) != getSize()) {
+      note(p.side.error, "zion backend: " + name + ": the " + list_kind + " list has " + std::to_string(lists[0].size()) +
+                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
+    }
+    note(p.side.error, same_numel_problem(name, std::string("an ") + list_kind + " tensor", lists[0], single_kind,
+                                          singles[0].numel()));
+    p.request.bytes = nbytes(singles) * getSize();  // nccl-tests counts the gathered side: n x the single tensor
+    p.outputs = gathers ? lists[0] : singles;
+  }
+  p.type = type;
+  return run(std::move(p), [&] {
+    auto single_views = gloo_views(singles);
+    std::vector<std::vector<at::Tensor>> list_views{gloo_views(lists[0])};
+    gloo_call(single_views, list_views)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  Plan p = plan(Call::kAllReduce, sim::CollectiveOp::kAllReduce, tensors);
+  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
+  return run_in_place(std::move(p), tensors, c10d::OpType::ALLREDUCE,
+                      [&](std::vector<at::Tensor>& data) { return gloo_->allreduce(data, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   Plan p = plan(Call::kBroadcast, sim::CollectiveOp::kBroadcast, tensors);
-  p.side.numel = numel(tensors);
   p.side.root = opts.rootRank;
   p.request.root = static_cast<int>(opts.rootRank);
-  p.request.bytes = nbytes(tensors);
-  p.outputs = tensors;
-  p.type = c10d::OpType::BROADCAST;
-  return run(std::move(p), [&] {
-    auto data = gloo_views(tensors);
-    gloo_->broadcast(data, opts)->wait();
-  });
+  return run_in_place(std::move(p), tensors, c10d::OpType::BROADCAST,
+                      [&](std::vector<at::Tensor>& data) { return gloo_->broadcast(data, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   Plan p = plan(Call::kReduce, sim::CollectiveOp::kReduce, tensors);
-  p.side.numel = numel(tensors);
   p.side.root = opts.rootRank;
   p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
   p.request.root = static_cast<int>(opts.rootRank);
-  p.request.bytes = nbytes(tensors);
-  p.outputs = tensors;
-  p.type = c10d::OpType::REDUCE;
-  return run(std::move(p), [&] {
-    auto data = gloo_views(tensors);
-    gloo_->reduce(data, opts)->wait();
-  });
+  return run_in_place(std::move(p), tensors, c10d::OpType::REDUCE,
+                      [&](std::vector<at::Tensor>& data) { return gloo_->reduce(data, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  std::vector<at::Tensor> all = inputs;
-  for (const auto& list : outputs) all.insert(all.end(), list.begin(), list.end());
-  Plan p = plan(Call::kAllGather, sim::CollectiveOp::kAllGather, all);
-  if (inputs.size() != 1 || outputs.size() != 1) {
-    note(p.side.error, "zion backend: all_gather takes one input tensor and one output list per rank");
-  } else {
-    p.side.numel = inputs[0].numel();
-    if (static_cast<int>(outputs[0].size()) != getSize()) {
-      note(p.side.error, "zion backend: all_gather: the output list has " + std::to_string(outputs[0].size()) +
-                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
-    }
-    for (const auto& o : outputs[0]) {
-      if (o.defined() && o.numel() != inputs[0].numel()) {
-        note(p.side.error, "zion backend: all_gather: an output tensor has " + std::to_string(o.numel()) +
-                               " elements; the input has " + std::to_string(inputs[0].numel()));
-      }
-    }
-    p.request.bytes = nbytes(inputs) * getSize();
-    p.outputs = outputs[0];
-  }
-  p.type = c10d::OpType::ALLGATHER;
-  return run(std::move(p), [&] {
-    std::vector<std::vector<at::Tensor>> out{gloo_views(outputs[0])};
-    auto in = gloo_views(inputs);
-    gloo_->allgather(out, in, opts)->wait();
-  });
+  return run_list_collective(Call::kAllGather, inputs, outputs, -1, c10d::OpType::ALLGATHER,
+                             [&](std::vector<at::Tensor>& in, std::vector<std::vector<at::Tensor>>& out) {
+                               return gloo_->allgather(out, in, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                  const c10d::AllgatherOptions& opts) {
-  Plan p = plan(Call::kAllGatherIntoTensor, sim::CollectiveOp::kAllGather, {output, input});
-  p.side.numel = input.defined() ? input.numel() : 0;
-  if (p.side.error.empty() && output.numel() != input.numel() * getSize()) {
-    note(p.side.error, "zion backend: all_gather_into_tensor: the output has " + std::to_string(output.numel()) +
-                           " elements; it needs input elements x group size = " + std::to_string(input.numel()) + " x " +
-                           std::to_string(getSize()));
-  }
-  p.request.bytes = nbytes({output});
-  p.outputs = {output};
-  p.type = c10d::OpType::_ALLGATHER_BASE;
-  return run(std::move(p), [&] {
-    at::Tensor out = gloo_view(output), in = gloo_view(input);
-    gloo_->_allgather_base(out, in, opts)->wait();
-  });
+  std::vector<at::Tensor> outputs{output}, inputs{input};
+  return run_tensor_pairs(Call::kAllGatherIntoTensor, outputs, inputs, -1, c10d::OpType::_ALLGATHER_BASE,
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                                 const c10d::ReduceScatterOptions& opts) {
-  std::vector<at::Tensor> all = outputs;
-  for (const auto& list : inputs) all.insert(all.end(), list.begin(), list.end());
-  Plan p = plan(Call::kReduceScatter, sim::CollectiveOp::kReduceScatter, all);
-  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
-  if (inputs.size() != 1 || outputs.size() != 1) {
-    note(p.side.error, "zion backend: reduce_scatter takes one output tensor and one input list per rank");
-  } else {
-    p.side.numel = outputs[0].numel();
-    if (static_cast<int>(inputs[0].size()) != getSize()) {
-      note(p.side.error, "zion backend: reduce_scatter: the input list has " + std::to_string(inputs[0].size()) +
-                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
-    }
-    for (const auto& in : inputs[0]) {
-      if (in.defined() && in.numel() != outputs[0].numel()) {
-        note(p.side.error, "zion backend: reduce_scatter: an input tensor has " + std::to_string(in.numel()) +
-                               " elements; the output has " + std::to_string(outputs[0].numel()));
-      }
-    }
-    p.request.bytes = nbytes(inputs[0]);
-    p.outputs = outputs;
-  }
-  p.type = c10d::OpType::REDUCE_SCATTER;
-  return run(std::move(p), [&] {
-    auto out = gloo_views(outputs);
-    std::vector<std::vector<at::Tensor>> in{gloo_views(inputs[0])};
-    gloo_->reduce_scatter(out, in, opts)->wait();
-  });
+  return run_list_collective(Call::kReduceScatter, outputs, inputs, static_cast<int64_t>(opts.reduceOp.op_),
+                             c10d::OpType::REDUCE_SCATTER,
+                             [&](std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in) {
+                               return gloo_->reduce_scatter(out, in, opts);
+                             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                       const c10d::ReduceScatterOptions& opts) {
-  Plan p = plan(Call::kReduceScatterTensor, sim::CollectiveOp::kReduceScatter, {output, input});
-  p.side.numel = output.defined() ? output.numel() : 0;
-  p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
-  if (p.side.error.empty() && input.numel() != output.numel() * getSize()) {
-    note(p.side.error, "zion backend: reduce_scatter_tensor: the input has " + std::to_string(input.numel()) +
-                           " elements; it needs output elements x group size = " + std::to_string(output.numel()) + " x " +
-                           std::to_string(getSize()));
-  }
-  p.request.bytes = nbytes({input});
-  p.outputs = {output};
-  p.type = c10d::OpType::_REDUCE_SCATTER_BASE;
-  return run(std::move(p), [&] {
-    at::Tensor out = gloo_view(output), in = gloo_view(input);
-    gloo_->_reduce_scatter_base(out, in, opts)->wait();
-  });
+  std::vector<at::Tensor> outputs{output}, inputs{input};
+  return run_tensor_pairs(Call::kReduceScatterTensor, outputs, inputs, static_cast<int64_t>(opts.reduceOp.op_),
+                          c10d::OpType::_REDUCE_SCATTER_BASE,
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::barrier(const c10d::BarrierOptions& opts) {

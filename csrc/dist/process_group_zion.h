@@ -52,6 +52,15 @@ struct CommRecord {
   int stream = 0;  // the communication stream on it
 };
 
+// This rank's end of a send or recv (point_to_point.cpp).
+struct TransferEnd {
+  bool host = false;  // a CPU tensor: no modeled time
+  c10::DeviceIndex device = -1;
+  int comm = -1;  // the communication stream
+  sim::Seconds start = 0;
+  double bytes = 0;
+};
+
 class ProcessGroupZion : public c10d::Backend {
  public:
   struct Options {
@@ -108,6 +117,7 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
 
   const RankPlacement& placement() const { return placement_; }
+  const Options& options() const { return options_; }
   CommRecord last() const;
 
  private:
@@ -122,6 +132,39 @@ class ProcessGroupZion : public c10d::Backend {
   // Agrees with the other ranks, moves the data, prices the collective and
   // charges it on the communication stream.
   c10::intrusive_ptr<ZionWork> run(Plan plan, const std::function<void()>& move_data);
+
+  // gloo's call on the CPU views of a call's tensors, in place.
+  using ListCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>& tensors)>;
+  // gloo's call on the CPU views of one output and one input tensor.
+  using PairCall = std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor& output, at::Tensor& input)>;
+  // all_reduce, broadcast, reduce, all_reduce_coalesced: every tensor is an
+  // input and an output, and the size is all of them.
+  c10::intrusive_ptr<ZionWork> run_in_place(Plan p, std::vector<at::Tensor>& tensors, c10d::OpType type,
+                                            const ListCall& gloo_call);
+  // Output/input pairs moved one by one by `gloo_call`; the caller has set
+  // the size and checked the pairs.
+  c10::intrusive_ptr<ZionWork> run_pairs(Plan p, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                         c10d::OpType type, const PairCall& gloo_call);
+  // gloo's call on the CPU views of a rank's single tensor and its list of one
+  // tensor per rank.
+  using ListsCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>& singles,
+                                                                 std::vector<std::vector<at::Tensor>>& lists)>;
+  // all_gather (an input, a list of outputs) and reduce_scatter (an output, a
+  // list of inputs): one list tensor per rank, each the size of the single one.
+  c10::intrusive_ptr<ZionWork> run_list_collective(Call call, std::vector<at::Tensor>& singles,
+                                                   std::vector<std::vector<at::Tensor>>& lists, int64_t reduce_op,
+                                                   c10d::OpType type, const ListsCall& gloo_call);
+  // all_gather_into_tensor and reduce_scatter_tensor, single or coalesced:
+  // each pair's gathered side holds its other side x group size elements.
+  c10::intrusive_ptr<ZionWork> run_tensor_pairs(Call call, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                int64_t reduce_op, c10d::OpType type, const PairCall& gloo_call);
+
+  // point_to_point.cpp: this rank's end of a send or recv of `t`, its issue
+  // charged on the communication stream; then, once the peer's end is
+  // known, the transfer priced, charged there and recorded.
+  TransferEnd transfer_end(const at::Tensor& t);
+  sim::Seconds charge_transfer(const char* call, const TransferEnd& mine, int src_device, int dst_device,
+                               sim::Seconds peer_start);
 
   Plan plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors);
   // The exact bytes each rank sends each other one, from the agreed counts of

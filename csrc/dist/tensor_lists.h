@@ -44,4 +44,26 @@ inline void note(std::string& error, const std::string& problem) {
   if (error.empty()) error = problem;
 }
 
+// Empty when every defined tensor of `list` has `numel` elements, as the
+// rank's own `own_name` tensor has; else the first one that does not.
+inline std::string same_numel_problem(const std::string& call, const std::string& member, const std::vector<at::Tensor>& list,
+                                      const char* own_name, int64_t numel) {
+  for (const auto& t : list) {
+    if (t.defined() && t.numel() != numel) {
+      return "zion backend: " + call + ": " + member + " has " + std::to_string(t.numel()) + " elements; the " + own_name +
+             " has " + std::to_string(numel);
+    }
+  }
+  return {};
+}
+
+// Empty when `whole` (an all_gather's output, a reduce_scatter's input) has
+// `part` x `ranks` elements; else the problem, naming both.
+inline std::string group_multiple_problem(const std::string& call, const std::string& whole_name, int64_t whole,
+                                          const char* part_name, int64_t part, int ranks) {
+  if (whole == part * ranks) return {};
+  return "zion backend: " + call + ": " + whole_name + " has " + std::to_string(whole) + " elements; it needs " + part_name +
+         " elements x group size = " + std::to_string(part) + " x " + std::to_string(ranks);
+}
+
 }  // namespace zion::dist

@@ -15,7 +15,11 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <stdexcept>
+
 #include "dist/process_group_zion.h"
+#include "sim/collective.h"
+#include "sim/flow_model.h"
 
 namespace py = pybind11;
 using zion::dist::ProcessGroupZion;
@@ -69,8 +73,24 @@ PYBIND11_MODULE(_dist, m) {
            py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("mode") = "fair")
       .def_property_readonly("global_device", [](const ProcessGroupZion& pg) { return pg.placement().device; },
                              "The global device (node-major, OAM-minor) the collective model places this rank on")
+      .def_property_readonly("algorithm", [](const ProcessGroupZion& pg) { return pg.options().algorithm; },
+                             "The collective algorithm this group prices with (auto: the platform's choice per call)")
+      .def_property_readonly("mode", [](const ProcessGroupZion& pg) { return pg.options().mode; },
+                             "The link model this group prices with: fair, unaware or astra")
       .def_property_readonly("node", [](const ProcessGroupZion& pg) { return pg.placement().node; })
       .def_property_readonly("oam", [](const ProcessGroupZion& pg) { return pg.placement().oam; })
       .def("last_collective", [](const ProcessGroupZion& pg) { return record_dict(pg.last()); },
            "The last communication of this rank: op, call, bytes, devices, algorithm, start, end, time (s), device, stream");
+
+  m.def("check_model",
+        [](const std::string& algorithm, const std::string& mode, const std::string& where) {
+          try {
+            zion::sim::parse_algorithm(algorithm);
+            zion::sim::parse_link_mode(mode);
+          } catch (const std::invalid_argument& e) {
+            throw py::value_error("zion backend: " + where + ": " + e.what());
+          }
+        },
+        py::arg("algorithm"), py::arg("mode"), py::arg("where"),
+        "Raises ValueError, naming `where` and the allowed values, unless the collective model knows both names");
 }

@@ -1,0 +1,72 @@
+"""The model a ``zion`` group prices with: ``pg_options=zion_emu.distributed.Options``
+per group, the ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE environment for what
+the options leave out, and clear errors for names the model does not know.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import zion_emu.distributed as zd
+from zion_emu import sim
+from test_distributed import _Clock, _init, _last, _spawn
+
+F32 = 4
+
+
+def test_options_name_the_allowed_algorithms_and_modes() -> None:
+    with pytest.raises(ValueError, match=r"Options: unknown collective algorithm 'rng'; allowed: auto, ring, direct"):
+        zd.Options(algorithm="rng")
+    with pytest.raises(ValueError, match=r"Options: unknown link model mode 'fast'; allowed: fair, unaware, astra"):
+        zd.Options(mode="fast")
+    with pytest.raises(TypeError, match="Options.algorithm must be a string or None, got int"):
+        zd.Options(algorithm=1)  # type: ignore[arg-type]
+
+
+def test_options_leave_to_the_environment_what_they_do_not_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZION_COLLECTIVE_ALGO", "direct")
+    monkeypatch.setenv("ZION_COLLECTIVE_MODE", "astra")
+    assert zd._group_model(zd.Options(algorithm="ring")) == ("ring", "astra")
+    assert zd._group_model(None) == ("direct", "astra")
+    monkeypatch.delenv("ZION_COLLECTIVE_ALGO")
+    monkeypatch.delenv("ZION_COLLECTIVE_MODE")
+    assert zd._group_model(None) == ("auto", "fair")
+    monkeypatch.setenv("ZION_COLLECTIVE_ALGO", "rign")
+    with pytest.raises(ValueError, match=r"ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE: unknown collective algorithm 'rign'"):
+        zd._group_model(None)
+    with pytest.raises(TypeError, match="pg_options must be zion_emu.distributed.Options, got builtins.dict"):
+        zd._group_model({"algorithm": "ring"})
+
+
+def _options_worker(rank: int, nprocs: int, store: str) -> None:
+    gloo = _init(rank, nprocs, store)
+    clock = _Clock(rank, nprocs, gloo)
+    devices = list(range(nprocs))
+    nbytes = 1 << 20
+    ring = dist.new_group(devices, backend="zion", pg_options=zd.Options(algorithm="ring", mode="unaware"))
+    assert zd.group_model(ring) == {"algorithm": "ring", "mode": "unaware"}
+    assert zd.group_model() == {"algorithm": "auto", "mode": "fair"}  # the default group keeps its own
+
+    z = torch.ones(nbytes // F32, device="zion")
+    dist.all_reduce(z)
+    auto = _last()
+    z = torch.ones(nbytes // F32, device="zion")
+    dist.all_reduce(z, group=ring)
+    rec = _last(ring)
+    assert torch.equal(z.cpu(), torch.full((nbytes // F32,), float(nprocs)))
+    assert rec["algorithm"] == "ring" and rec["devices"] == devices
+    assert rec["time"] == pytest.approx(sim.collective_time(clock.platform, "all_reduce", nbytes, devices, "ring", "unaware"),
+                                        rel=1e-9)
+    # zion's fully connected fabric: auto picks direct for a 1 MiB all_reduce, which beats the ring.
+    assert auto["algorithm"] != "ring" and auto["time"] < rec["time"]
+
+    # A pg_options of another backend's type is refused when the group is made, on every rank.
+    with pytest.raises(TypeError, match="pg_options must be zion_emu.distributed.Options"):
+        dist.new_group(devices, backend="zion", pg_options={"algorithm": "ring"})
+    dist.destroy_process_group()
+
+
+def test_a_group_with_ring_options_prices_its_collectives_as_the_ring(tmp_path):
+    _spawn(_options_worker, 4, tmp_path)
