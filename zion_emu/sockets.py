@@ -7,7 +7,10 @@ live in socket 2's DDR pool -- with its capacity, statistics and
 socket 2's track of the timeline, priced by the platform's socket model:
 ``socket.peak_flops`` (cores x FLOP/s per dtype), ``socket.ddr_bandwidth``,
 and embedding-bag gathers at ``socket.ddr_random_access_efficiency``. The
-host runs CPU ops, so the host clock waits for each.
+host runs CPU ops, so the host clock waits for each. Ops are observed as
+the profiler observes them (RecordFunction), including the backward of CPU
+ops; each kernel is charged once (the leaves, not the composite ops that
+call them), and an op on a zion tensor stays the device's.
 
 Copies between such a tensor and an OAM take the real path: socket -> UPI
 hops -> the OAM's PCIe switch -> the OAM (pageable memory through a staging
@@ -26,8 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from zion_emu import _C
 
@@ -36,11 +37,6 @@ _sim = _C.sim
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_DTYPES = {
-    torch.float32: "fp32", torch.float64: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
-    torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool", torch.int16: "int16", torch.int32: "int32",
-    torch.int64: "int64",
-}
 
 
 def socket_count() -> int:
@@ -56,49 +52,21 @@ def _check(index: int) -> int:
     return index
 
 
-def _desc(t: torch.Tensor) -> Any:
-    return _sim.TensorDesc(list(t.shape), _DTYPES.get(t.dtype, "fp32"), t.element_size())
-
-
-class _SocketOps(TorchDispatchMode):
-    """Charges every CPU op run under it to one socket's track."""
-
-    def __init__(self, socket: int) -> None:
-        super().__init__()
-        self.socket = socket
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        # An op on a zion tensor is priced on its device; only pure CPU work is the socket's.
-        if any(t.device.type != "cpu" for t in inputs):
-            return out
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
-        _native.charge_op(self.socket, _sim.OpCall(func.name(), [_desc(t) for t in inputs],
-                                                    [_desc(t) for t in outputs]))
-        return out
-
-
 class socket:
     """Context manager and decorator: CPU tensors and CPU ops of this thread
     go to socket ``index`` (see the module docstring). Scopes nest."""
 
     def __init__(self, index: int) -> None:
         self.index = _check(index)
-        self._saved: list[tuple[int, _SocketOps]] = []
+        self._saved: list[int] = []
 
     def __enter__(self) -> "socket":
-        previous = _native.scoped_socket()
+        self._saved.append(_native.scoped_socket())
         _native.set_scoped_socket(self.index)
-        mode = _SocketOps(self.index)
-        mode.__enter__()
-        self._saved.append((previous, mode))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        previous, mode = self._saved.pop()
-        mode.__exit__(*exc)
-        _native.set_scoped_socket(previous)
+        _native.set_scoped_socket(self._saved.pop())
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)

@@ -1,10 +1,16 @@
 #include "device/sockets.h"
 
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "device/host_memory.h"
 #include "device/runtime.h"
@@ -47,24 +53,163 @@ SocketModel& socket_model() {
   return instance;
 }
 
+sim::DType model_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return sim::DType::kBf16;
+    case c10::ScalarType::Half: return sim::DType::kFp16;
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Bool: return sim::DType::kInt8;
+    default: return sim::DType::kFp32;
+  }
+}
+
+// Every op the thread runs while a socket scope is set is observed through
+// RecordFunction (as the profiler observes ops: dispatch is unchanged, and
+// the autograd engine carries the callback to the backward of CPU ops).
+// Each piece of work is charged once: the outermost op the cost table has a
+// formula for (an aten::mm, not the allocations and resizes inside it); a
+// composite op without one is priced by the ops it calls; a leaf without a
+// formula is the default guess. Views move no data and are free.
+struct Frame {
+  bool priced = false;   // charged at its end; what it calls is not
+  bool covered = false;  // inside a priced op (or a view): not charged
+  bool had_child = false;
+  bool off_cpu = false;  // an input is not a CPU tensor
+  std::vector<sim::TensorDesc> inputs;  // taken at the start: RecordFunction keeps inputs only until then
+};
+thread_local std::vector<Frame> t_frames;
+thread_local at::CallbackHandle t_callback = 0;
+
+struct OpFacts {
+  bool has_formula = false;
+  bool is_view = false;
+};
+
+std::string full_name(const c10::OperatorName& n) {
+  return n.name + (n.overload_name.empty() ? "" : "." + n.overload_name);
+}
+
+const OpFacts& facts(const c10::OperatorName& name, const sim::OpCostModel& model) {
+  thread_local std::unordered_map<std::string, OpFacts> cache;
+  thread_local const sim::OpCostModel* cached_for = nullptr;
+  if (cached_for != &model) {
+    cache.clear();
+    cached_for = &model;
+  }
+  std::string key = full_name(name);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  OpFacts f;
+  f.has_formula = model.resolve(key) != nullptr;
+  if (auto op = c10::Dispatcher::singleton().findOp(name)) {
+    if (op->hasSchema()) {
+      for (const auto& r : op->schema().returns()) {
+        if (r.alias_info() && !r.alias_info()->isWrite()) f.is_view = true;
+      }
+    }
+  }
+  return cache.emplace(std::move(key), f).first->second;
+}
+
+const sim::OpCostModel& socket_cost_model();
+
+void describe(const c10::IValue& v, std::vector<sim::TensorDesc>& out, bool& off_cpu) {
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (!t.device().is_cpu()) off_cpu = true;
+    out.push_back(sim::TensorDesc{std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), model_dtype(t.scalar_type()),
+                                  static_cast<int>(t.element_size())});
+  };
+  if (v.isTensor()) {
+    add(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) add(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
+      if (t.has_value()) add(*t);
+    }
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  Frame f;
+  if (!t_frames.empty()) {
+    Frame& parent = t_frames.back();
+    parent.had_child = true;
+    f.covered = parent.priced || parent.covered;
+  }
+  if (!f.covered) {
+    if (auto name = fn.operator_name()) {
+      const OpFacts& k = facts(*name, socket_cost_model());
+      f.covered = k.is_view;
+      f.priced = !k.is_view && k.has_formula;
+    } else {
+      f.covered = true;
+    }
+  }
+  if (!f.covered) {
+    for (const c10::IValue& v : fn.inputs()) describe(v, f.inputs, f.off_cpu);
+  }
+  t_frames.push_back(std::move(f));
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (t_frames.empty()) return;  // started before the scope
+  Frame frame = std::move(t_frames.back());
+  t_frames.pop_back();
+  int socket = scoped_socket();
+  if (socket < 0 || frame.covered || (!frame.priced && frame.had_child)) return;
+  auto name = fn.operator_name();
+  if (!name) return;
+  sim::OpCall call;
+  call.name = full_name(*name);
+  bool off_cpu = frame.off_cpu;
+  call.inputs = std::move(frame.inputs);
+  for (const c10::IValue& v : fn.outputs()) describe(v, call.outputs, off_cpu);
+  if (off_cpu) return;  // an op on a zion tensor is priced on its device
+  charge_socket_op(socket, call);
+}
+
 }  // namespace
 
 int socket_track(int socket) { return runtime().platform.oam.count + socket; }
+
+void set_socket_scope(int socket) {
+  set_scoped_socket(socket);  // checks the index
+  if (socket >= 0 && t_callback == 0) {
+    t_frames.clear();
+    t_callback = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                                .needsInputs(true)
+                                                .needsOutputs(true)
+                                                .scopes({at::RecordScope::FUNCTION}));
+  } else if (socket < 0 && t_callback != 0) {
+    at::removeCallback(t_callback);
+    t_callback = 0;
+    t_frames.clear();
+  }
+}
+
+namespace {
+const sim::OpCostModel& socket_cost_model() {
+  Runtime& rt = runtime();
+  SocketModel& m = socket_model();
+  std::lock_guard<std::mutex> lock(m.mutex);
+  if (m.built_for != rt.cost.get()) {
+    m.model = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::socket(rt.platform));
+    m.built_for = rt.cost.get();
+  }
+  return *m.model;
+}
+}  // namespace
 
 void charge_socket_op(int socket, const sim::OpCall& call) {
   Runtime& rt = runtime();
   TORCH_CHECK_INDEX(socket >= 0 && socket < rt.platform.socket.count, "zion: socket ", socket, " does not exist; platform '",
                     rt.platform.name, "' has ", rt.platform.socket.count, " sockets");
-  sim::OpCost cost;
-  {
-    SocketModel& m = socket_model();
-    std::lock_guard<std::mutex> lock(m.mutex);
-    if (m.built_for != rt.cost.get()) {
-      m.model = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::socket(rt.platform));
-      m.built_for = rt.cost.get();
-    }
-    cost = m.model->cost(call, m.model->resolve(call.name));
-  }
+  const sim::OpCostModel& model = socket_cost_model();
+  sim::OpCost cost = model.cost(call, model.resolve(call.name));
   int track = socket_track(socket);
   rt.timeline.launch(track, 0, 0, cost.device_time, rt.timeline.host(), sim::Activity::kCompute,
                      rt.timeline.label(call.name));

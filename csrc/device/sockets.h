@@ -11,6 +11,9 @@ namespace zion::device {
 
 // The timeline index of a socket's track: after the OAMs.
 int socket_track(int socket);
+// zion_emu.socket(i) on this thread (-1: none): CPU tensors go to socket i's
+// DDR pool and the CPU ops the thread runs are charged to socket i.
+void set_socket_scope(int socket);
 // Charges one CPU op run under zion_emu.socket(socket).
 void charge_socket_op(int socket, const sim::OpCall& call);
 // Installs the CPU allocator that honours zion_emu.socket(i) (once; at load).

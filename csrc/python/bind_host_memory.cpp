@@ -31,7 +31,8 @@ void bind_host_memory(py::module_& m) {
   h.def("reset_peak", [](int socket) { device::pinned_allocator().reset_peak(socket); }, py::arg("socket"));
   h.def("current_socket", [] { return device::current_socket(); });
   h.def("scoped_socket", [] { return device::scoped_socket(); }, "zion_emu.socket(i) of this thread, or -1");
-  h.def("set_scoped_socket", [](int socket) { device::set_scoped_socket(socket); }, py::arg("socket"));
+  h.def("set_scoped_socket", [](int socket) { device::set_socket_scope(socket); }, py::arg("socket"),
+        "zion_emu.socket(i) on this thread (-1: none): placement of CPU tensors and pricing of CPU ops");
   h.def("socket_of", [](uintptr_t address) { return device::pinned_allocator().socket_of(reinterpret_cast<const void*>(address)); },
         py::arg("address"), "The socket whose DDR pool holds this address, or -1");
   h.def("charge_op", [](int socket, const sim::OpCall& call) { device::charge_socket_op(socket, call); },
