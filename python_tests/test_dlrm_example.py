@@ -199,9 +199,6 @@ def test_eight_ranks_train_and_report_modeled_samples_per_second():
     assert "ranks 8 tables 9 (per rank 2-1-1-1-1-1-1-1)" in out
 
 
-@pytest.mark.xfail(strict=True, reason="the zion backend's all_to_all_single refuses an input with no elements "
-                                        "(csrc/dist/all_to_all.cpp counts a row of an empty tensor as 0 elements); "
-                                        "gloo takes it")
 def test_ranks_that_own_no_tables_still_take_part_in_the_exchange():
     two_tables = ("--arch-embedding-size", "50-80", "--mini-batch-size", "30", "--num-batches", "2")
     gloo = _torchrun(3, *TINY, *two_tables, "--device", "cpu")

@@ -25,29 +25,27 @@ from typing import Any
 RUN_DIR_ENV = "ZION_RUN_DIR"
 OPTIONS_FILE = "options.json"
 
-_samples: int | None = None
-
-
 def samples_per_iteration(n: int) -> None:
     """Declares the samples one iteration processes on this rank (the
-    report's samples/s sums them over ranks). A no-op outside a run."""
-    global _samples
-    if int(n) <= 0:
-        raise ValueError(f"samples_per_iteration must be positive, got {n}")
-    _samples = int(n)
+    report's samples/s sums them over ranks). Only read inside a run."""
+    from zion_emu import report
+
+    report.declare_samples_per_iteration(n)
 
 
 class _StepClock:
-    """Modeled host time of each optimizer step, per optimizer; the one that
-    steps most often paces the iterations."""
+    """When each optimizer step's work is done, per optimizer: the modeled
+    time by which everything issued up to that step has run (the host runs
+    ahead of the devices, as on a GPU, so the host clock alone would not
+    say). The optimizer that steps most often paces the iterations."""
 
     def __init__(self) -> None:
         self.steps: dict[int, list[float]] = {}
 
     def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        from zion_emu import clock
+        from zion_emu import _C
 
-        self.steps.setdefault(id(optimizer), []).append(clock())
+        self.steps.setdefault(id(optimizer), []).append(_C.timeline.horizon())
 
     def times(self) -> list[float]:
         return max(self.steps.values(), key=len, default=[])
@@ -58,7 +56,7 @@ def _write_snapshot(run_dir: Path, rank: int, steps: _StepClock, status: dict[st
 
     from zion_emu import report
 
-    snap = report.snapshot(rank, report.Iterations(steps.times(), _samples))
+    snap = report.snapshot(rank, report.Iterations(steps.times(), report.declared_samples_per_iteration()))
     spans = snap.pop("spans")
     snap["status"] = status
     np.savez(run_dir / f"rank{rank}.npz", **spans)

@@ -35,6 +35,22 @@ COMPUTE, COPY, COMMUNICATION = 0, 1, 2
 DEFAULT_MAX_SPANS = 2_000_000
 
 
+_declared_samples: int | None = None
+
+
+def declare_samples_per_iteration(n: int) -> None:
+    """The samples one iteration processes in this process (see
+    :func:`zion_emu.launch.samples_per_iteration`)."""
+    global _declared_samples
+    if isinstance(n, bool) or int(n) != n or int(n) <= 0:
+        raise ValueError(f"samples_per_iteration must be a positive integer, got {n!r}")
+    _declared_samples = int(n)
+
+
+def declared_samples_per_iteration() -> int | None:
+    return _declared_samples
+
+
 def start_recording(max_spans: int = DEFAULT_MAX_SPANS) -> None:
     """Keeps spans of stream time (for the breakdown and the trace); the
     counters are kept regardless."""
@@ -174,16 +190,14 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
 # -- all ranks -----------------------------------------------------------------
 
 
-def _iteration_stats(times: Sequence[float], wall: float) -> tuple[int, float | None]:
-    """(iterations, modeled seconds per iteration): from the end of the first
-    optimizer step (warm-up) to the end of the run, when every device is
-    done, over the steps after the first. The host runs ahead of the devices
-    as it does on a GPU, so the steps' own host times would miss the device
-    work still queued; the end of the run includes it."""
+def _iteration_stats(times: Sequence[float]) -> tuple[int, float | None]:
+    """(iterations, modeled seconds per iteration): ``times`` are when each
+    optimizer step's work was done; the mean interval after the first step
+    (warm-up)."""
     n = len(times)
     if n < 2:
         return n, None
-    return n, (wall - times[0]) / (n - 1)
+    return n, (times[-1] - times[0]) / (n - 1)
 
 
 def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
@@ -239,7 +253,7 @@ def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
             sockets.append(entry)
 
     lead = snaps[0]
-    n_iter, per_iter = _iteration_stats(lead["iterations"], wall)
+    n_iter, per_iter = _iteration_stats(lead["iterations"])
     samples = lead.get("samples_per_iteration")
     world = len(snaps)
     return {

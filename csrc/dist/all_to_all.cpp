@@ -24,7 +24,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& outpu
   const int n = getSize();
   if (p.side.error.empty()) {
     // Splits count rows (dim 0); the handshake counts elements.
-    auto row = [](const at::Tensor& t) { return t.dim() == 0 || t.size(0) == 0 ? t.numel() : t.numel() / t.size(0); };
+    // Elements per row: the product of the sizes after the first (1 for a
+    // 1-D tensor), so an empty input (a rank with nothing to send) still has rows of its shape.
+    auto row = [](const at::Tensor& t) {
+      int64_t n = 1;
+      for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+      return t.dim() == 0 ? int64_t{1} : n;
+    };
     auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* what) {
       std::vector<int64_t> c;
       int64_t rows = t.dim() == 0 ? 1 : t.size(0);

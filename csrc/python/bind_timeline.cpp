@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,14 @@ void bind_timeline(py::module_& m) {
   }, py::arg("seconds"), "The host works for `seconds` of modeled time; returns the host clock");
   t.def("wait_until", [](double t) { return device::runtime().timeline.wait_until(t); }, py::arg("time"),
         "The host waits until a modeled time (no-op if already past); returns the host clock");
+  t.def("horizon", [] {
+    sim::Timeline& tl = device::runtime().timeline;
+    double end = tl.host();
+    for (int d = 0; d < tl.devices(); ++d) {
+      for (int s = 0; s < tl.streams(d); ++s) end = std::max(end, tl.stream_time(d, s));
+    }
+    return end;
+  }, "When everything issued so far is done: the latest of the host clock and every stream's clock");
   t.def("dropped_spans", [] { return device::runtime().timeline.dropped_spans(); });
   t.def("labels", [] { return device::runtime().timeline.labels(); });
   t.def("label_totals", [] {
