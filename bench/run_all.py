@@ -107,12 +107,15 @@ def run(bench: Benchmark, bin_dir: Path, platform: str | None, out_dir: Path) ->
     print(f"[run ] {bench.name}: {' '.join(argv)}", flush=True)
     start = time.monotonic()
     try:
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=bench.timeout_s)
+        # Google Benchmark's console table shows as it runs; its JSON goes to the file.
+        proc = subprocess.run(argv, cwd=ROOT, stdout=None if bench.kind == "gbench" else subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=bench.timeout_s)
     except subprocess.TimeoutExpired:
         print(f"[fail] {bench.name}: over {bench.timeout_s} s", flush=True)
         return {**entry, "status": "failed", "reason": f"timed out after {bench.timeout_s} s"}
     entry["wall_s"] = round(time.monotonic() - start, 2)
-    sys.stdout.write(proc.stdout)
+    if proc.stdout:
+        sys.stdout.write(proc.stdout)
     if proc.returncode != 0:
         print(f"[fail] {bench.name}: exit {proc.returncode}\n{proc.stderr[-4000:]}", flush=True)
         return {**entry, "status": "failed", "reason": f"exit {proc.returncode}", "stderr": proc.stderr[-4000:]}
@@ -120,7 +123,7 @@ def run(bench: Benchmark, bin_dir: Path, platform: str | None, out_dir: Path) ->
         entry["results"] = json.loads(gbench_json.read_text())
     else:
         try:
-            entry["results"] = json.loads(proc.stdout)
+            entry["results"] = json.loads(proc.stdout or "")
         except json.JSONDecodeError:
             entry["text"] = proc.stdout
     return {**entry, "status": "ok"}
