@@ -9,7 +9,8 @@ Closed forms, read from the platform files:
   sees the launch). On zion, 2048 x 1024 x 1024: 4.295e9 / 9e12 = 477.2 us + 5 us.
 - Pinned H2D of b bytes to zion:0: launch + 2 PCIe latencies (socket -> switch
   -> OAM) + b / min(uplink, OAM link) bandwidth; zion: 5 us + 300 ns + b / 12 GB/s.
-  Pageable adds the host's staging copy, b / DDR bandwidth."""
+  Pageable adds the host's staging copy, b / DDR bandwidth. Each PCIe link
+  class on the way carries b bytes, busy b / its bandwidth."""
 
 from __future__ import annotations
 
@@ -92,20 +93,21 @@ def test_gemm_time_from_events_is_the_roofline_closed_form(gemm_timing: Path, pl
     assert f"zion:0 memory: {4 * (m * k + k * n + m * n)} bytes allocated" in out
 
 
-def _pcie_path(p) -> tuple[float, float]:
-    """Bandwidth and latency from the home socket of OAM 0 to OAM 0: socket ->
-    PCIe switch (uplink) -> OAM."""
+def _pcie_links(p) -> list[tuple[str, float]]:
+    """The links from the home socket of OAM 0 to OAM 0, socket -> PCIe
+    switch (uplink) -> OAM: (link class, bandwidth) each."""
     lane = p.get("pcie.lane_bandwidth_gb_per_s")
     switch = next(s for s in p.get("pcie.switches") if 0 in s["oams"])
-    uplink = lane[switch["uplink_generation"]] * switch["uplink_lanes"] * 1e9
-    oam_link = lane[switch["generation"]] * switch["oam_lanes"] * 1e9
-    return min(uplink, oam_link), 2 * p.get("pcie.latency_ns") * 1e-9
+    return [(f"pcie_{gen}_x{lanes}", lane[gen] * lanes * 1e9)
+            for gen, lanes in ((switch["uplink_generation"], switch["uplink_lanes"]),
+                               (switch["generation"], switch["oam_lanes"]))]
 
 
 def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
     size = 1 << 20
     p = zion_emu.load_platform("zion")
-    bandwidth, latency = _pcie_path(p)
+    links = _pcie_links(p)
+    bandwidth, latency = min(bw for _, bw in links), len(links) * p.get("pcie.latency_ns") * 1e-9
     launch = p.get("oam.launch_overhead_ns") * 1e-9
     pinned_s = launch + latency + size / bandwidth
     pageable_s = size / (p.get("socket.ddr_bandwidth_gb_per_s") * 1e9) + pinned_s
@@ -121,6 +123,13 @@ def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
     assert pinned["real_time"] == pytest.approx(pinned_s * 1e6, rel=1e-9)
     assert pageable["real_time"] == pytest.approx(pageable_s * 1e6, rel=1e-9)
     assert pinned["bytes"] == size  # the model's copy counter on zion:0, per iteration
+    # Link counters, per iteration: each link class carries the bytes once per
+    # link of it crossed, busy bytes / its bandwidth per link (zion: 1 MiB over
+    # pcie_gen3_x16 busy 87.4 us and over pcie_gen4_x16 busy 43.7 us).
+    for name, bw in links:
+        crossings = sum(n == name for n, _ in links)
+        assert pinned[f"{name}_bytes"] == crossings * size
+        assert pinned[f"{name}_busy_us"] == pytest.approx(crossings * size / bw * 1e6, rel=1e-9)
     assert pinned["host_us"] > 0
 
 

@@ -37,12 +37,14 @@ inline int64_t iterations_for(double units, double budget) {
 // the current stream of zion:0), waits for the end event, and reports the
 // modeled nanoseconds as the iteration's time. Counters: host_us (wall time
 // per iteration), and per iteration the device counters' growth on `device`
-// (flops, bytes, copy_bytes as the model charged them).
+// (flops, and bytes of ops and copies, as the model charged them) and the
+// traffic of each link class that carried any.
 template <class Issue>
 void run_modeled(benchmark::State& state, Issue&& issue, int device = 0, int stream_device = -1) {
   c10::Stream stream = zion_emu::current_stream(stream_device < 0 ? device : stream_device);
   zion_emu::synchronize();
   auto before = zion_emu::counters(device);
+  auto links_before = zion_emu::link_counters();
   double host_s = 0, modeled_s = 0;
   for (auto _ : state) {
     auto wall = std::chrono::steady_clock::now();
@@ -62,6 +64,15 @@ void run_modeled(benchmark::State& state, Issue&& issue, int device = 0, int str
   state.counters["modeled_us"] = modeled_s / n * 1e6;
   state.counters["flops"] = (after.flops - before.flops) / n;
   state.counters["bytes"] = (after.bytes - before.bytes + after.copy_bytes - before.copy_bytes) / n;
+  // Per iteration, each link class that carried bytes: <class>_bytes (summed
+  // over the class's links crossed) and <class>_busy_us.
+  auto links_after = zion_emu::link_counters();
+  for (size_t c = 0; c < links_after.size() && c < links_before.size(); ++c) {
+    double bytes = links_after[c].bytes - links_before[c].bytes;
+    if (bytes <= 0) continue;
+    state.counters[links_after[c].name + "_bytes"] = bytes / n;
+    state.counters[links_after[c].name + "_busy_us"] = (links_after[c].busy_ns - links_before[c].busy_ns) / n / 1e3;
+  }
 }
 
 struct PlatformChoice {

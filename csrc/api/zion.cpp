@@ -151,13 +151,26 @@ HostMemoryStats host_memory_stats(int socket) {
 
 DeviceCounters counters(int device) {
   auto c = zion::device::runtime().timeline.counters(checked(device));
-  return {c.flops, c.bytes, c.copy_bytes, c.busy * kNsPerS, c.ops, c.guessed_ops};
+  using zion::sim::Activity;
+  auto ns = [&](Activity a) { return c.busy_by_activity[static_cast<int>(a)] * kNsPerS; };
+  return {c.flops, c.bytes, c.copy_bytes, c.busy * kNsPerS, ns(Activity::kCompute), ns(Activity::kCopy),
+          ns(Activity::kCommunication), c.ops, c.guessed_ops};
 }
 
-std::vector<LinkClass> link_classes() {
-  std::vector<LinkClass> out;
-  for (const auto& c : zion::device::runtime().topology.link_classes()) {
-    out.push_back({c.name, c.bandwidth, c.latency * kNsPerS});
+std::vector<LinkCounters> link_counters() {
+  auto& rt = zion::device::runtime();
+  std::vector<zion::sim::LinkCounters> traffic = rt.timeline.link_counters();  // indexed by link class
+  const auto& classes = rt.topology.link_classes();
+  std::vector<LinkCounters> out(classes.size());
+  for (const auto& l : rt.topology.links()) ++out[l.link_class].links;
+  for (size_t c = 0; c < classes.size(); ++c) {
+    zion::sim::LinkCounters k = c < traffic.size() ? traffic[c] : zion::sim::LinkCounters{};
+    out[c].name = classes[c].name;
+    out[c].bandwidth_bytes_per_s = classes[c].bandwidth;
+    out[c].latency_ns = classes[c].latency * kNsPerS;
+    out[c].bytes = k.bytes;
+    out[c].busy_ns = k.busy * kNsPerS;
+    out[c].transfers = k.transfers;
   }
   return out;
 }

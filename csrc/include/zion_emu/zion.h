@@ -93,7 +93,7 @@ void synchronize(int device = -1);
 // The host's virtual clock, in modeled nanoseconds since the last reset.
 double host_time_ns();
 double stream_time_ns(const c10::Stream& stream);
-// Clocks and counters back to zero (memory stays allocated).
+// Clocks, device and link counters back to zero (memory stays allocated).
 void reset_clock();
 
 // ---- Memory ------------------------------------------------------------------
@@ -127,20 +127,28 @@ struct DeviceCounters {
   double flops = 0;
   double bytes = 0;       // memory traffic of ops
   double copy_bytes = 0;  // moved by copies into or out of the device
-  double busy_ns = 0;     // op and copy durations summed over the device's streams
+  double busy_ns = 0;     // op, copy and collective durations summed over the device's streams
+  double compute_busy_ns = 0;        // of which ops
+  double copy_busy_ns = 0;           // copies
+  double communication_busy_ns = 0;  // collectives
   int64_t ops = 0;
   int64_t guessed_ops = 0;  // priced by the default formula, not a known one
 };
 DeviceCounters counters(int device);
 
-// One class of link in the node's topology ("upi", "pcie_gen4_x16", "fabric",
-// "nic", ...), with its modeled bandwidth and latency.
-struct LinkClass {
+// Traffic over one class of links of the node's topology ("upi",
+// "pcie_gen4_x16", "fabric", "nic", ...), from copies and collectives:
+// bytes and busy time summed over every link of the class a transfer crosses.
+struct LinkCounters {
   std::string name;
-  double bandwidth_bytes_per_s = 0;
+  double bandwidth_bytes_per_s = 0;  // of one link
   double latency_ns = 0;
+  int links = 0;  // directed links of the class
+  double bytes = 0;
+  double busy_ns = 0;
+  int64_t transfers = 0;
 };
-std::vector<LinkClass> link_classes();
+std::vector<LinkCounters> link_counters();
 
 // The route a device-to-device copy takes between two OAMs of a node.
 struct OamRoute {
