@@ -32,6 +32,8 @@ BUILD_DIR = Path(os.environ.get("ZION_BUILD_DIR", ROOT / "build" / "cmake")).res
 # a fresh checkout.
 TEST_BUILD = ROOT / "build" / "test-cpp"
 BUILD_TIMEOUT_S = 900
+# A test that builds a program (one torch TU, 30-120 s) may run past the suite's 300 s.
+builds = pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
 
 
 def _run(cmd: list[str], what: str, timeout: float = BUILD_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:
@@ -75,6 +77,7 @@ def copy_bench() -> Path:
     return _build(ROOT / "bench" / "cpp", "bench", "copy_bench")
 
 
+@builds
 @pytest.mark.parametrize("platform", ["zion", "hgx-h100"])
 def test_gemm_time_from_events_is_the_roofline_closed_form(gemm_timing: Path, platform: str):
     m, n, k = 2048, 1024, 1024
@@ -103,6 +106,7 @@ def _pcie_links(p) -> list[tuple[str, float]]:
                                (switch["generation"], switch["oam_lanes"]))]
 
 
+@builds
 def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
     size = 1 << 20
     p = zion_emu.load_platform("zion")
@@ -133,6 +137,7 @@ def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
     assert pinned["host_us"] > 0
 
 
+@builds
 def test_copy_bench_names_a_platform_it_cannot_load(copy_bench: Path):
     proc = subprocess.run([str(copy_bench), "--platform=no-such-preset"], capture_output=True, text=True,
                           timeout=60, env=_env())
