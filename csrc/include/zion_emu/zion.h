@@ -37,8 +37,9 @@ void init();
 // `name_or_path`: a preset name ("zion", "zionex", "hgx-h100", ...) or a path
 // to a platform JSON file. Overrides are dotted field paths and values, as
 // `--set` takes them: {{"fabric.topology", "ring"}, {"oam.count", "4"}}.
-// Only before the first zion tensor is made; otherwise, and for an unknown
-// preset or a bad field, std::invalid_argument names what was wrong.
+// An unknown preset or file, or a bad field, throws std::invalid_argument
+// naming it and what is allowed; a call after the first zion tensor was made
+// throws c10::Error (the pools hold memory of the current platform).
 // Without a call the platform is ZION_PLATFORM's preset, else "zion".
 void set_platform(const std::string& name_or_path,
                   const std::vector<std::pair<std::string, std::string>>& overrides = {});
