@@ -195,3 +195,40 @@ def test_sweep_compares_fabric_topologies(tmp_path):
     assert [row["variant"] for row in rows] == [["fabric.topology=fully_connected"], ["fabric.topology=ring"]]
     # On a ring, 4 ranks' all-reduces cross more hops than on a fully connected fabric.
     assert rows[1]["iteration_s"] > rows[0]["iteration_s"]
+
+
+def _losses(text):
+    return [line.split("loss=")[1].split()[0] for line in text.splitlines() if line.startswith("iter=")]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
+    script = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "cuda_dlrm_reference_style.py")
+    args = ["--num-batches", "3", "--mini-batch-size", "16"]
+    zion = zion_emu_cli("run", "--nproc", str(nproc), "--cuda-compat", script, "--use-gpu", *args, timeout=300)
+    if nproc == 1:
+        cpu = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    else:
+        cpu = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              script, *args],
+                             capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                              "GLOO_SOCKET_IFNAME": "lo"})
+    assert cpu.returncode == 0, cpu.stderr
+    assert _losses(zion.stdout) == _losses(cpu.stdout) and len(_losses(cpu.stdout)) == 3
+    assert "--cuda-compat remapped:" in zion.stdout
+
+
+def test_virtual_clock_makes_the_scripts_own_timing_modeled(tmp_path):
+    script = write(tmp_path, "timed.py", """
+        import time, torch
+        a, b = torch.randn(1024, 2048, device="zion"), torch.randn(2048, 512, device="zion")
+        torch.zion.synchronize()
+        t0 = time.perf_counter()
+        c = a @ b
+        torch.zion.synchronize()
+        print("elapsed", repr(time.perf_counter() - t0))
+    """)
+    r = zion_emu_cli("run", "--virtual-clock", "--quiet-report", str(script))
+    elapsed = float(r.stdout.split("elapsed")[1].split()[0])
+    # zion preset: 15 TFLOP/s fp32 x matmul efficiency 0.6, 5 us launch
+    assert elapsed == pytest.approx(2 * 1024 * 2048 * 512 / (15e12 * 0.6) + 5e-6, rel=1e-9)

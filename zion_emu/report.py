@@ -141,12 +141,23 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
     for d in devices:
         for op, n in cost.guessed_ops(d).items():
             guessed[op] = guessed.get(op, 0) + n
+    from zion_emu import sockets
+
+    per_socket = []
+    for s in range(sockets.socket_count()):
+        mem, work = sockets.memory(s), sockets.counters(s)
+        if mem.peak or work["ops"]:
+            per_socket.append({"socket": s, "peak_ddr_bytes": mem.peak, "ddr_capacity_bytes": mem.capacity,
+                               "in_use_ddr_bytes": mem.in_use, "busy_s": work["busy_s"], "ops": work["ops"],
+                               "flops": work["flops"], "bytes": work["bytes"]})
     platform = current_platform()
     out: dict[str, Any] = {
         "rank": rank,
         "platform": platform.name,
         "wall_s": wall,
+        "oam_tracks": torch.zion.device_count(),
         "devices": per_device,
+        "sockets": per_socket,
         "labels": {k: list(v) for k, v in _timeline.label_totals().items()},
         "links": _timeline.link_counters(),
         "guessed_ops": guessed,
@@ -219,6 +230,14 @@ def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
         # when each device's breakdown is taken over the same wall time.
         summary = {k: sum(b[k] for b in breakdowns) / len(breakdowns) for k in breakdowns[0]}
 
+    sockets = []
+    for s in snaps:
+        for k in s.get("sockets", []):
+            entry = dict(k)
+            entry["rank"] = s["rank"]
+            entry["busy_pct"] = 100.0 * k["busy_s"] / wall if wall > 0 else 0.0
+            sockets.append(entry)
+
     lead = snaps[0]
     n_iter, per_iter = _iteration_stats(lead["iterations"], wall)
     samples = lead.get("samples_per_iteration")
@@ -235,6 +254,7 @@ def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
         "breakdown_note": None if summary is not None else
         "spans were not recorded for every device (or some were dropped): no exposed/overlapped split",
         "devices": devices,
+        "sockets": sockets,
         "links": sorted(links.values(), key=lambda link: -link["bytes"]),
         "top_ops": top_ops,
         "guessed_ops": dict(sorted(guessed.items(), key=lambda kv: -kv[1])),
@@ -310,6 +330,13 @@ def format_text(report: dict[str, Any]) -> str:
             lines.append(f"  zion:{d['device']:<4} {d['rank']:>4} {d['busy_pct']:7.1f}   "
                          f"{_fmt_bytes(d['peak_hbm_bytes']):>10} / {_fmt_bytes(d['hbm_capacity_bytes']):<10} "
                          f"{d['ops']:>8} {d['guessed_ops']:>8}")
+    if report.get("sockets"):
+        lines.append("")
+        lines.append("socket     rank   busy %    peak DDR / capacity      ops")
+        for k in report["sockets"]:
+            lines.append(f"  socket {k['socket']:<2} {k['rank']:>4} {k['busy_pct']:7.1f}   "
+                         f"{_fmt_bytes(k['peak_ddr_bytes']):>10} / {_fmt_bytes(k['ddr_capacity_bytes']):<10} "
+                         f"{k['ops']:>8}")
     moving = [link for link in report["links"] if link["bytes"] > 0]
     if moving:
         lines.append("")

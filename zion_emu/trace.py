@@ -17,7 +17,7 @@ import numpy as np
 from zion_emu.report import COMMUNICATION, COMPUTE, COPY
 
 _CATEGORY = {COMPUTE: "compute", COPY: "copy", COMMUNICATION: "communication"}
-_LINK_TID_BASE = 1000
+_LINK_TID_BASE = 100_000
 
 
 def events(snapshots: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -34,13 +34,14 @@ def events(snapshots: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     "args": {"name": f"rank {pid} ({snap['platform']})"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
         tracks: dict[int, str] = {}
+        oams = snap.get("oam_tracks", 1 << 30)
         start = np.asarray(spans["start"]) * 1e6
         dur = (np.asarray(spans["end"]) - np.asarray(spans["start"])) * 1e6
         for i in range(len(start)):
             device, stream, kind = int(spans["device"][i]), int(spans["stream"][i]), int(spans["activity"][i])
             tid = device * 100 + stream
             if tid not in tracks:
-                tracks[tid] = f"zion:{device} stream {stream}"
+                tracks[tid] = f"zion:{device} stream {stream}" if device < oams else f"socket {device - oams}"
             label = int(spans["label"][i])
             name = labels[label] if 0 <= label < len(labels) else _CATEGORY[kind]
             event = {"ph": "X", "pid": pid, "tid": tid, "ts": float(start[i]), "dur": float(dur[i]), "name": name,

@@ -82,9 +82,14 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
     return;
   }
   const at::Tensor& host = to_zion ? src : dst;
-  int pinned_socket = host.numel() ? pinned_allocator().socket_of(host.const_data_ptr()) : -1;
-  bool pinned = pinned_socket >= 0;
-  int socket_index = pinned ? pinned_socket : home_socket(rt.platform, device);
+  // The host side is the socket whose DDR holds the tensor (pinned memory,
+  // or memory placed by zion_emu.socket(i)); other memory counts as the
+  // device's home socket's. The route from there crosses UPI when that
+  // socket is not the one the OAM's PCIe switch hangs off.
+  const void* host_ptr = host.numel() ? host.const_data_ptr() : nullptr;
+  int placed_socket = pinned_allocator().socket_of(host_ptr);
+  bool pinned = placed_socket >= 0 && pinned_allocator().is_pinned(host_ptr);
+  int socket_index = placed_socket >= 0 ? placed_socket : home_socket(rt.platform, device);
   int oam = sim::device_vertex(rt.topology, rt.platform, device);
   int socket = rt.topology.find(sim::VertexKind::kSocket, 0, socket_index);
   // Pageable memory goes through a pinned staging buffer, copied by the host

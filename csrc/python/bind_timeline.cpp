@@ -30,6 +30,12 @@ void bind_timeline(py::module_& m) {
   py::module_ t = m.def_submodule("timeline", "What the virtual timeline recorded");
   t.def("set_recording", [](size_t max_spans) { device::runtime().timeline.set_recording(max_spans); },
         py::arg("max_spans"), "Record up to max_spans spans of stream time (0: stop recording)");
+  t.def("advance_host", [](double seconds) {
+    if (!(seconds >= 0)) throw py::value_error("advance_host takes a non-negative duration, got " + std::to_string(seconds));
+    return device::runtime().timeline.advance_host(seconds);
+  }, py::arg("seconds"), "The host works for `seconds` of modeled time; returns the host clock");
+  t.def("wait_until", [](double t) { return device::runtime().timeline.wait_until(t); }, py::arg("time"),
+        "The host waits until a modeled time (no-op if already past); returns the host clock");
   t.def("dropped_spans", [] { return device::runtime().timeline.dropped_spans(); });
   t.def("labels", [] { return device::runtime().timeline.labels(); });
   t.def("label_totals", [] {

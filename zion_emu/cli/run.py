@@ -100,6 +100,8 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subpro
     env[RUN_DIR_ENV] = str(run_dir)
     env["ZION_PLATFORM"] = str(run_dir / "platform.json")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if str(args.nnodes) == "1" and args.master_addr in ("127.0.0.1", "localhost"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
     return subprocess.Popen(command(args, run_dir), env=env, stdout=stdout)
 
 
