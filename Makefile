@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(PYTHON) -m pytest -q python_tests
 
 bench: $(STAMP)
-	$(PYTHON) bench/collective_bench.py
+	$(PYTHON) bench/run_all.py --build
 
 clean:
 	rm -rf build zion_emu/_C*.so zion_emu/_dist*.so zion_emu/libzion_emu.so

@@ -50,6 +50,7 @@ BENCHMARKS = [
     Benchmark("overhead", ["{python}", "bench/overhead.py", "--repeat", "3"], needs=["bench/overhead.py"]),
     Benchmark("bench_collectives", ["{python}", "-m", "zion_emu", "bench-collectives"], needs=["cli:bench-collectives"]),
     Benchmark("dlrm", ["{python}", "bench/dlrm_bench.py"], needs=["bench/dlrm_bench.py"]),
+    Benchmark("hbm_budget_sweep", ["{python}", "bench/hbm_budget_sweep.py"], needs=["bench/hbm_budget_sweep.py"]),
 ]
 
 
