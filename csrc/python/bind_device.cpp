@@ -100,6 +100,8 @@ void bind_device(py::module_& m) {
     device::check_device(static_cast<c10::DeviceIndex>(index));
     device::allocator().resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }, py::arg("index"));
+  d.def("kernel_host_cached_bytes", [] { return device::kernel_host_memory().cached_bytes(); },
+        "Freed host bytes of zion ops' CPU kernels kept for reuse (freed by torch.zion.empty_cache)");
   d.def("host_time", [] { return device::runtime().timeline.host(); }, "The host's virtual clock, seconds");
   d.def("stream_time", [](int index, int stream) {
     return device::runtime().timeline.stream_time(index, stream);
