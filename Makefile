@@ -2,7 +2,7 @@
 PYTHON ?= python3
 STAMP := build/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo tour test bench clean
 
 # Installs the Python dependencies and builds the extension in place.
 $(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cpp' -o -name '*.h')
@@ -12,7 +12,13 @@ $(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cp
 
 install: $(STAMP)
 
+# The main job: DLRM (small config) on 8 emulated ranks of the default Zion
+# platform, then the modeled report.
 demo: $(STAMP)
+	$(PYTHON) -m zion_emu run --nproc 8 examples/dlrm/dlrm.py --config small --device zion
+
+# The hardware model alone: the platform and modeled collective tables.
+tour: $(STAMP)
 	$(PYTHON) -m zion_emu demo
 
 test: $(STAMP)

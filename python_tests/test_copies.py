@@ -81,6 +81,6 @@ def test_pinned_out_of_memory_names_the_socket_and_loses_nothing():
     keep = torch.arange(5.0).pin_memory()
     capacity = _C.host_memory.stats(0)["capacity"]
     assert capacity == 384 * GIB  # zion preset DDR per socket
-    with pytest.raises(torch.OutOfMemoryError, match=r"out of pinned DDR on socket 0.*of its 384.00 GiB"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"out of DDR on socket 0 \(pinned host memory\).*of its 384.00 GiB"):
         torch.empty(capacity // 4 + 1, pin_memory=True)
     assert keep.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0] and keep.is_pinned()

@@ -26,6 +26,11 @@ _register()
 from zion_emu import cost  # noqa: E402
 from zion_emu.device import DeviceProperties, current_platform, set_platform  # noqa: E402
 from zion_emu.virtual_time import DeviceCounters, clock, counters, reset_clock  # noqa: E402
+from zion_emu.sockets import socket  # noqa: E402
 
 __all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
-            "set_platform"]
+            "set_platform", "socket"]
+
+from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
+
+_socket_from_environment()

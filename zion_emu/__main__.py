@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from zion_emu.cli import CliError, Parser, collectives, demo, info
+from zion_emu.cli import CliError, Parser, collectives, demo, info, run, whatif
 from zion_emu.platform import ConfigError
 
 # Each module has add_parser(subparsers); the help lists them in this order.
@@ -13,6 +13,8 @@ COMMANDS = (
     info,
     collectives,
     demo,
+    run,
+    whatif,
 )
 
 

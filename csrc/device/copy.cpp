@@ -25,20 +25,34 @@ LinkOccupancy& links() {
   return instance;
 }
 
+// The span label of a kind of copy: "copy H2D", "copy D2H", "copy D2D".
+int copy_label(Runtime& rt, const char* kind) { return rt.timeline.label(std::string("copy ") + kind); }
+
 // Issues a transfer from vertex `src` to vertex `dst` on (device, stream).
-void transfer(Runtime& rt, int device, int stream, int src, int dst, double bytes) {
+// The bytes split evenly over the route's equal-cost paths.
+void transfer(Runtime& rt, int device, int stream, int src, int dst, double bytes, int label) {
   const sim::Route& route = rt.topology.route(src, dst);
+  const auto& all_links = rt.topology.links();
   LinkOccupancy& occ = links();
   std::lock_guard<std::mutex> lock(occ.mutex);
-  if (occ.free_at.size() != rt.topology.links().size()) occ.free_at.assign(rt.topology.links().size(), 0);
+  if (occ.free_at.size() != all_links.size()) occ.free_at.assign(all_links.size(), 0);
   sim::Seconds ready = 0;
   for (const auto& path : route.paths) {
     for (int l : path.links) ready = std::max(ready, occ.free_at[l]);
   }
   sim::Seconds busy = bytes / route.bandwidth;
-  sim::Interval in = rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, route.latency + busy, ready);
+  uint32_t classes = 0;
   for (const auto& path : route.paths) {
-    for (int l : path.links) occ.free_at[l] = in.start + busy;
+    for (int l : path.links) classes |= all_links[l].link_class < 32 ? 1u << all_links[l].link_class : 0u;
+  }
+  sim::Interval in = rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, route.latency + busy, ready,
+                                        sim::Activity::kCopy, label, classes);
+  double per_path = bytes / static_cast<double>(route.paths.size());
+  for (const auto& path : route.paths) {
+    for (int l : path.links) {
+      occ.free_at[l] = in.start + busy;
+      rt.timeline.count_link(all_links[l].link_class, per_path, per_path / all_links[l].bandwidth);
+    }
   }
 }
 
@@ -58,18 +72,24 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
     int a = src.device().index(), b = dst.device().index();
     if (a == b) {
       // Within one device: HBM read and write.
-      rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, 2 * bytes / rt.platform.oam.hbm_bandwidth);
+      rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, 2 * bytes / rt.platform.oam.hbm_bandwidth, 0,
+                         sim::Activity::kCopy, copy_label(rt, "D2D"));
     } else {
       transfer(rt, device, stream, sim::device_vertex(rt.topology, rt.platform, a),
-               sim::device_vertex(rt.topology, rt.platform, b), bytes);
+               sim::device_vertex(rt.topology, rt.platform, b), bytes, copy_label(rt, "D2D"));
     }
     rt.timeline.count_copy(device, bytes);
     return;
   }
   const at::Tensor& host = to_zion ? src : dst;
-  int pinned_socket = host.numel() ? pinned_allocator().socket_of(host.const_data_ptr()) : -1;
-  bool pinned = pinned_socket >= 0;
-  int socket_index = pinned ? pinned_socket : home_socket(rt.platform, device);
+  // The host side is the socket whose DDR holds the tensor (pinned memory,
+  // or memory placed by zion_emu.socket(i)); other memory counts as the
+  // device's home socket's. The route from there crosses UPI when that
+  // socket is not the one the OAM's PCIe switch hangs off.
+  const void* host_ptr = host.numel() ? host.const_data_ptr() : nullptr;
+  int placed_socket = pinned_allocator().socket_of(host_ptr);
+  bool pinned = placed_socket >= 0 && pinned_allocator().is_pinned(host_ptr);
+  int socket_index = placed_socket >= 0 ? placed_socket : home_socket(rt.platform, device);
   int oam = sim::device_vertex(rt.topology, rt.platform, device);
   int socket = rt.topology.find(sim::VertexKind::kSocket, 0, socket_index);
   // Pageable memory goes through a pinned staging buffer, copied by the host
@@ -77,9 +97,9 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
   sim::Seconds staging = pinned ? 0 : bytes / rt.platform.socket.ddr_bandwidth;
   if (to_zion) {
     rt.timeline.advance_host(staging);
-    transfer(rt, device, stream, socket, oam, bytes);
+    transfer(rt, device, stream, socket, oam, bytes, copy_label(rt, "H2D"));
   } else {
-    transfer(rt, device, stream, oam, socket, bytes);
+    transfer(rt, device, stream, oam, socket, bytes, copy_label(rt, "D2H"));
   }
   if (!non_blocking || !pinned) rt.timeline.wait_stream(device, stream);
   if (!to_zion) rt.timeline.advance_host(staging);

@@ -26,7 +26,7 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* /*data*/) const override {
     return {c10::DeviceType::PrivateUse1, current_device()};
   }
-  bool isPinnedPtr(const void* data) const override { return pinned_allocator().socket_of(data) >= 0; }
+  bool isPinnedPtr(const void* data) const override { return pinned_allocator().is_pinned(data); }
   c10::Allocator* getPinnedMemoryAllocator() const override {
     runtime();  // socket pools are sized by the platform
     return &pinned_allocator();

@@ -11,16 +11,9 @@
 namespace zion::device {
 namespace {
 
-struct PinnedBuffer {
-  void* ptr;
-  int socket;
-  size_t nbytes;
-};
-
-void delete_pinned(void* context) {
-  std::unique_ptr<PinnedBuffer> b(static_cast<PinnedBuffer*>(context));
-  pinned_allocator().release(b->ptr, b->socket, b->nbytes);
-}
+// Buffers of the pools carry their own address as context (as the default
+// CPU allocator's do), so raw_allocate / raw_deleter work on them.
+void delete_pooled(void* ptr) { pinned_allocator().release(ptr); }
 
 std::string gib(int64_t bytes) {
   char text[64];
@@ -44,7 +37,24 @@ int home_socket(const sim::Platform& p, int oam) {
   return 0;
 }
 
-int current_socket() { return home_socket(runtime().platform, current_device()); }
+namespace {
+thread_local int t_scoped_socket = -1;
+}  // namespace
+
+int scoped_socket() { return t_scoped_socket; }
+
+void set_scoped_socket(int socket) {
+  if (socket >= 0) {
+    int count = runtime().platform.socket.count;
+    TORCH_CHECK_INDEX(socket < count, "zion: socket ", socket, " does not exist; platform '", runtime().platform.name,
+                      "' has ", count, " sockets (0..", count - 1, ")");
+  }
+  t_scoped_socket = socket;
+}
+
+int current_socket() {
+  return t_scoped_socket >= 0 ? t_scoped_socket : home_socket(runtime().platform, current_device());
+}
 
 void PinnedAllocator::configure(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -52,58 +62,76 @@ void PinnedAllocator::configure(const sim::Platform& platform) {
   for (auto& p : pools_) p.capacity = platform.socket.ddr_bytes;
 }
 
-c10::DataPtr PinnedAllocator::allocate(size_t nbytes) {
-  int socket = current_socket();
+c10::DataPtr PinnedAllocator::allocate(size_t nbytes) { return allocate_on(current_socket(), nbytes, true); }
+
+c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(socket >= 0 && socket < static_cast<int>(pools_.size()), "zion: socket ", socket, " does not exist");
     SocketMemoryStats& p = pools_[socket];
     if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) {
       p.num_ooms += 1;
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of pinned DDR on socket ", socket, ". Tried to allocate ",
-                       gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ", gib(p.in_use), " of its ",
-                       gib(p.capacity), " DDR capacity are in use. Existing buffers are intact.");
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of DDR on socket ", socket, " (", pinned ? "pinned" : "pageable",
+                       " host memory). Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
+                       gib(p.in_use), " of its ", gib(p.capacity), " DDR capacity are in use. Existing buffers are intact.");
     }
     p.in_use += static_cast<int64_t>(nbytes);
     p.peak = std::max(p.peak, p.in_use);
     p.allocations += 1;
   }
-  void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-  if (data) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_[data] = {socket, nbytes};
-  }
-  return {data, new PinnedBuffer{data, socket, nbytes}, &delete_pinned, c10::Device(c10::DeviceType::CPU)};
-}
-
-void PinnedAllocator::release(void* ptr, int socket, size_t nbytes) {
+  // Zero bytes still get an address of their own, so every buffer has an
+  // entry and its release is found.
+  void* data = c10::alloc_cpu(std::max<size_t>(nbytes, 1));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (ptr) live_.erase(ptr);
+    live_[static_cast<const char*>(data)] = Live{socket, nbytes, std::max<size_t>(nbytes, 1), pinned};
+    owned_.store(live_.size(), std::memory_order_relaxed);
+  }
+  return {data, data, &delete_pooled, c10::Device(c10::DeviceType::CPU)};
+}
+
+bool PinnedAllocator::release(void* ptr) {
+  if (!ptr || owned_.load(std::memory_order_relaxed) == 0) return false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(static_cast<const char*>(ptr));
+    if (it == live_.end()) return false;
+    int socket = it->second.socket;
+    // A buffer of a platform replaced since keeps no pool's count.
     if (socket < static_cast<int>(pools_.size())) {
-      pools_[socket].in_use -= static_cast<int64_t>(nbytes);
+      pools_[socket].in_use -= static_cast<int64_t>(it->second.nbytes);
       pools_[socket].allocations -= 1;
     }
+    live_.erase(it);
+    owned_.store(live_.size(), std::memory_order_relaxed);
   }
-  if (ptr) c10::free_cpu(ptr);
+  c10::free_cpu(ptr);
+  return true;
 }
 
 void PinnedAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   if (count) std::memcpy(dest, src, count);
 }
 
+const PinnedAllocator::Live* PinnedAllocator::find(const void* ptr) const {
+  if (live_.empty() || !ptr) return nullptr;
+  const char* p = static_cast<const char*>(ptr);
+  auto it = live_.upper_bound(p);  // the first buffer starting after p
+  if (it == live_.begin()) return nullptr;
+  --it;
+  return p < it->first + it->second.extent ? &it->second : nullptr;
+}
+
 int PinnedAllocator::socket_of(const void* ptr) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (live_.empty() || !ptr) return -1;
-  // Pinned buffers are few and large: a linear scan finds interior pointers.
-  auto exact = live_.find(ptr);
-  if (exact != live_.end()) return exact->second.first;
-  const char* p = static_cast<const char*>(ptr);
-  for (const auto& [base, info] : live_) {
-    const char* b = static_cast<const char*>(base);
-    if (p >= b && p < b + info.second) return info.first;
-  }
-  return -1;
+  const Live* b = find(ptr);
+  return b ? b->socket : -1;
+}
+
+bool PinnedAllocator::is_pinned(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Live* b = find(ptr);
+  return b && b->pinned;
 }
 
 SocketMemoryStats PinnedAllocator::stats(int socket) const {

@@ -1,13 +1,16 @@
 #pragma once
-// Pinned host memory: one pool per CPU socket with the platform's DDR
-// capacity. A pinned buffer belongs to a socket (by default the one the
-// current OAM's PCIe switch hangs off); copies from it to an OAM are priced
-// on that socket's path and need no staging copy.
+// Host memory of the CPU sockets: one DDR pool per socket with the
+// platform's capacity. Pinned buffers (pin_memory) and, inside
+// zion_emu.socket(i), ordinary CPU tensors are placed in a socket's pool. A
+// pinned buffer belongs to a socket (by default the one the current OAM's
+// PCIe switch hangs off); copies from it to an OAM are priced on that
+// socket's path and need no staging copy.
 
 #include <c10/core/Allocator.h>
 
+#include <atomic>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "sim/platform.h"
@@ -25,28 +28,48 @@ struct SocketMemoryStats {
 class PinnedAllocator final : public c10::Allocator {
  public:
   void configure(const sim::Platform& platform);
+  // A pinned buffer on current_socket().
   c10::DataPtr allocate(size_t nbytes) override;
+  // A buffer in `socket`'s pool, pinned or not (OutOfMemoryError past capacity).
+  c10::DataPtr allocate_on(int socket, size_t nbytes, bool pinned);
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
-  // The socket of a pinned buffer containing `ptr`, or -1 if it is not pinned.
+  // The socket whose pool holds a buffer containing `ptr`, or -1.
   int socket_of(const void* ptr) const;
+  // Whether `ptr` lies in a pinned buffer.
+  bool is_pinned(const void* ptr) const;
   SocketMemoryStats stats(int socket) const;
   void reset_peak(int socket);
   int sockets() const;
-  void release(void* ptr, int socket, size_t nbytes);
+  // Frees a buffer of the pools; false (and nothing done) for any other pointer.
+  bool release(void* ptr);
 
  private:
+  struct Live {
+    int socket;
+    size_t nbytes;  // counted in the pool
+    size_t extent;  // addresses it owns (at least 1)
+    bool pinned;
+  };
+  // The live buffer containing ptr, or nullptr; the caller holds mutex_.
+  const Live* find(const void* ptr) const;
+
   mutable std::mutex mutex_;
   std::vector<SocketMemoryStats> pools_;
-  std::unordered_map<const void*, std::pair<int, size_t>> live_;  // base pointer -> socket, bytes
+  std::map<const char*, Live> live_;  // base address -> buffer, ordered for interior lookups
+  std::atomic<size_t> owned_{0};      // live_.size(), read without the lock on every CPU free
 };
 
 PinnedAllocator& pinned_allocator();
 
-// The socket new pinned buffers go to: the one the current OAM's PCIe switch
-// hangs off.
+// The socket new pinned buffers go to: the one zion_emu.socket(i) set on
+// this thread, else the one the current OAM's PCIe switch hangs off.
 int current_socket();
+// zion_emu.socket(i) on this thread: -1 when none. While one is set, CPU
+// tensors are allocated in that socket's pool.
+int scoped_socket();
+void set_scoped_socket(int socket);
 int home_socket(const sim::Platform& platform, int oam);
 
 }  // namespace zion::device

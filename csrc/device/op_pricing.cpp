@@ -39,15 +39,16 @@ struct Priced {
   sim::OpCostModel::FormulaRef formula;
   const sim::OpCostModel* model = nullptr;  // set_platform makes a new model
   uint64_t generation = ~uint64_t{0};
+  int label = -1;  // the operator's name on the timeline's spans
 };
 
-void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, c10::DeviceIndex device,
-            const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, int label,
+            c10::DeviceIndex device, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   describe(inputs, call.inputs);
   describe(outputs, call.outputs);
   sim::OpCost cost = rt.cost->cost(call, formula);
   int stream = static_cast<int>(current_stream(device).id());
-  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time);
+  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time, 0, sim::Activity::kCompute, label);
   rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
   if (cost.guessed) rt.note_guessed(device, call.name);
 }
@@ -69,10 +70,11 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
     p.formula = rt.cost->resolve(p.name);
     p.generation = generation;
     p.model = rt.cost.get();
+    p.label = rt.timeline.label(p.name);
   }
   call.name = p.name;
   call.int_args.assign(int_args.begin(), int_args.end());
-  charge(rt, call, p.formula, device, inputs, outputs);
+  charge(rt, call, p.formula, p.label, device, inputs, outputs);
 }
 
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
@@ -80,7 +82,7 @@ void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::v
   Runtime& rt = runtime();
   thread_local sim::OpCall call;
   call.name = op_name;
-  charge(rt, call, rt.cost->resolve(op_name), device, inputs, outputs);
+  charge(rt, call, rt.cost->resolve(op_name), rt.timeline.label(op_name), device, inputs, outputs);
 }
 
 }  // namespace zion::device

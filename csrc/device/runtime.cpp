@@ -10,6 +10,7 @@
 
 #include "device/allocator.h"
 #include "device/host_memory.h"
+#include "device/sockets.h"
 #include "sim/platform_loader.h"
 #include "sim/platform_topology.h"
 
@@ -24,7 +25,8 @@ std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
   auto rt = std::make_unique<Runtime>();
   rt->platform = platform;
   rt->cost = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::oam(platform));
-  rt->timeline.resize(platform.oam.count);
+  // One track per OAM, then one per CPU socket (device/sockets.h).
+  rt->timeline.resize(platform.oam.count + platform.socket.count);
   rt->topology = sim::build_topology(platform);
   return rt;
 }
@@ -55,6 +57,7 @@ Runtime& runtime() {
     g_runtime = make_runtime(sim::load_platform(name && *name ? name : "zion"));
     allocator().configure(g_runtime->platform);
     pinned_allocator().configure(g_runtime->platform);
+    install_socket_cpu_allocator();
   }
   return *g_runtime;
 }

@@ -91,6 +91,24 @@ sim::CollectiveResult ProcessGroupZion::price(const sim::CollectiveRequest& requ
   }
 }
 
+// Every rank counts its share (1/n) of the collective's link traffic, so the
+// link counters of all ranks add up to the traffic of the whole collective.
+// Returns the link classes it crosses (bit c for class c).
+uint32_t ProcessGroupZion::count_traffic(const sim::CollectiveRequest& request, const sim::CollectiveResult& priced) const {
+  if (request.devices.size() < 2) return 0;
+  std::vector<double> bytes = collective_model()->link_class_bytes(request, priced.algorithm);
+  device::Runtime& rt = device::runtime();
+  const auto& classes = rt.topology.link_classes();
+  double share = 1.0 / static_cast<double>(request.devices.size());
+  uint32_t crossed = 0;
+  for (size_t c = 0; c < bytes.size() && c < classes.size(); ++c) {
+    if (bytes[c] <= 0) continue;
+    rt.timeline.count_link(static_cast<int>(c), bytes[c] * share, bytes[c] * share / classes[c].bandwidth);
+    crossed |= c < 32 ? 1u << c : 0u;
+  }
+  return crossed;
+}
+
 void ProcessGroupZion::record(CommRecord r) {
   std::lock_guard<std::mutex> lock(mutex_);
   last_ = std::move(r);
@@ -185,7 +203,10 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const std::function<v
   sim::CollectiveResult priced = price(p.request);
 
   device::Runtime& rt = device::runtime();
-  sim::Interval in = rt.timeline.launch(p.device, comm, rt.platform.oam.launch_overhead, priced.time, agreed.start);
+  uint32_t classes = count_traffic(p.request, priced);
+  sim::Interval in = rt.timeline.launch(p.device, comm, rt.platform.oam.launch_overhead, priced.time, agreed.start,
+                                        sim::Activity::kCommunication,
+                                        rt.timeline.label(sim::collective_op_name(p.request.op)), classes);
   CommRecord r;
   r.op = sim::collective_op_name(p.request.op);
   r.call = call_name(p.side.call);

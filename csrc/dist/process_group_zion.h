@@ -132,6 +132,7 @@ class ProcessGroupZion : public c10d::Backend {
   int comm_stream(c10::DeviceIndex device);
   sim::Seconds local_start(c10::DeviceIndex device, int comm);
   sim::CollectiveResult price(const sim::CollectiveRequest& request) const;
+  uint32_t count_traffic(const sim::CollectiveRequest& request, const sim::CollectiveResult& priced) const;
   void record(CommRecord r);
 
   c10::intrusive_ptr<c10d::Store> store_;

@@ -12,6 +12,7 @@ void bind_collectives(py::module_& sim);
 void bind_op_cost(py::module_& sim);
 void bind_device(py::module_& m);
 void bind_host_memory(py::module_& m);
+void bind_timeline(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zion-emu native core";
@@ -23,4 +24,5 @@ PYBIND11_MODULE(_C, m) {
   bind_op_cost(sim);
   bind_device(m);
   bind_host_memory(m);
+  bind_timeline(m);
 }

@@ -85,6 +85,12 @@ class CollectiveModel {
 
   CollectiveResult run(const CollectiveRequest& request) const;
   Seconds time(const CollectiveRequest& request) const { return run(request).time; }
+  // The traffic of the request run by `algorithm` (a concrete one, e.g. the
+  // one run() chose): bytes summed over every link each flow crosses,
+  // indexed by the topology's link class. Flows split evenly over
+  // equal-cost paths. Plans are linear in size, so each rank set's traffic
+  // is planned once and scaled.
+  std::vector<double> link_class_bytes(const CollectiveRequest& request, Algorithm algorithm) const;
 
   const Topology& topology() const { return *topology_; }
   std::shared_ptr<const Topology> shared_topology() const { return topology_; }
@@ -112,6 +118,7 @@ class CollectiveModel {
   mutable std::unordered_map<std::string, CollectiveResult> cache_;
   mutable std::unordered_map<std::string, std::shared_ptr<const Template>> templates_;
   mutable std::unordered_map<std::string, std::shared_ptr<const Layout>> layouts_;
+  mutable std::unordered_map<std::string, std::vector<double>> traffic_per_byte_;
 };
 
 }  // namespace zion::sim

@@ -183,6 +183,14 @@ CollectiveResult CollectiveModel::run(const CollectiveRequest& request) const {
   return result;
 }
 
+std::vector<double> CollectiveModel::link_class_bytes(const CollectiveRequest& request, Algorithm algorithm) const {
+  validate(request);
+  if (algorithm == Algorithm::kAuto) throw std::invalid_argument("link_class_bytes needs a concrete algorithm, not auto");
+  if (request.devices.size() < 2) return std::vector<double>(topology_->link_classes().size(), 0.0);
+  Internals in{*this, request, {settings_.astra.endpoint_delay, settings_.local_memory_bandwidth}};
+  return in.link_class_bytes(request.op == CollectiveOp::kSendRecv ? Algorithm::kDirect : algorithm);
+}
+
 CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) const {
   Internals in{*this, request, {settings_.astra.endpoint_delay, settings_.local_memory_bandwidth}};
   int n = static_cast<int>(request.devices.size());

@@ -292,6 +292,54 @@ Timed CollectiveModel::Internals::time_algorithm(Algorithm a, bool forced, std::
   return t;
 }
 
+namespace {
+std::vector<double> plan_traffic(const Plan& plan, const Topology& topology) {
+  std::vector<double> out(topology.link_classes().size(), 0.0);
+  const auto& links = topology.links();
+  for (const PlanStep& step : plan) {
+    for (const PlanFlow& f : step.flows) {
+      const Route& r = topology.route(f.src, f.dst);
+      double per_path = f.bytes * step.repeat / static_cast<double>(r.paths.size());
+      for (const auto& path : r.paths) {
+        for (int l : path.links) out[links[l].link_class] += per_path;
+      }
+    }
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<double> CollectiveModel::Internals::link_class_bytes(Algorithm a) const {
+  std::vector<Algorithm> choices;
+  if (a == Algorithm::kHierarchical) {
+    auto l = layout(request.devices);
+    if (!l->not_applicable.empty()) throw std::invalid_argument(l->not_applicable);
+    choices = level_choices(*l, request.bytes);
+  }
+  auto build = [&](double bytes) {
+    PlanOutcome o = plan(a, bytes, choices);
+    if (!o.not_applicable.empty()) throw std::invalid_argument(o.not_applicable);
+    return plan_traffic(o.plan, *model.topology_);
+  };
+  if (!request.all_to_all_bytes.empty()) return build(request.bytes);
+  std::string key = pack({3, static_cast<int>(request.op), static_cast<int>(a), request.root}, request.devices);
+  append_ints(key, choices);
+  std::vector<double> per_byte;
+  {
+    std::lock_guard<std::mutex> lock(model.cache_mutex_);
+    if (auto it = model.traffic_per_byte_.find(key); it != model.traffic_per_byte_.end()) per_byte = it->second;
+  }
+  if (per_byte.empty()) {
+    per_byte = build(kReferenceBytes);
+    for (double& b : per_byte) b /= kReferenceBytes;
+    std::lock_guard<std::mutex> lock(model.cache_mutex_);
+    if (model.traffic_per_byte_.size() >= kTemplateCacheLimit) model.traffic_per_byte_.clear();
+    model.traffic_per_byte_.emplace(key, per_byte);
+  }
+  for (double& b : per_byte) b *= request.bytes;
+  return per_byte;
+}
+
 // In-switch collectives pay the switch's own setup (NCCL models NVLS with a
 // latency of its own), once per in-switch phase.
 Seconds CollectiveModel::Internals::fixed_latency(Algorithm a, const std::vector<Algorithm>& choices) const {

@@ -53,6 +53,8 @@ struct CollectiveModel::Internals {
   // Time of algorithm `a` for the request, or +inf with the reason in `why`.
   // `beat`: the best time so far; an algorithm that cannot beat it is not simulated.
   Timed time_algorithm(Algorithm a, bool forced, std::string* why, Seconds beat) const;
+  // Bytes over each link class when `a` runs the request (see CollectiveModel::link_class_bytes).
+  std::vector<double> link_class_bytes(Algorithm a) const;
 
  private:
   PlanContext context(const std::vector<int>& devices, int root) const;

@@ -6,6 +6,15 @@
 
 namespace zion::sim {
 
+const char* activity_name(Activity a) {
+  switch (a) {
+    case Activity::kCompute: return "compute";
+    case Activity::kCopy: return "copy";
+    case Activity::kCommunication: return "communication";
+  }
+  return "?";
+}
+
 Timeline::Timeline(int devices) { resize(devices); }
 
 void Timeline::resize(int devices) {
@@ -47,7 +56,8 @@ int Timeline::streams(int device) const {
   return static_cast<int>(streams_[device].size());
 }
 
-Interval Timeline::launch(int device, int stream, Seconds launch_overhead, Seconds duration, Seconds not_before) {
+Interval Timeline::launch(int device, int stream, Seconds launch_overhead, Seconds duration, Seconds not_before,
+                          Activity activity, int label, uint32_t link_classes) {
   std::lock_guard<std::mutex> lock(mutex_);
   check(device, stream);
   host_ += launch_overhead;
@@ -55,8 +65,84 @@ Interval Timeline::launch(int device, int stream, Seconds launch_overhead, Secon
   Interval in{std::max({free_at, host_, not_before}), 0};
   in.end = in.start + duration;
   free_at = in.end;
-  counters_[device].busy += duration;
+  keep(device, stream, in, activity, label, link_classes);
   return in;
+}
+
+void Timeline::record(int device, int stream, Interval interval, Activity activity, int label, uint32_t link_classes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(device, stream);
+  keep(device, stream, interval, activity, label, link_classes);
+}
+
+void Timeline::keep(int device, int stream, Interval in, Activity activity, int label, uint32_t link_classes) {
+  Seconds duration = in.end - in.start;
+  DeviceCounters& c = counters_[device];
+  c.busy += duration;
+  c.busy_by_activity[static_cast<int>(activity)] += duration;
+  if (label >= 0 && label < static_cast<int>(label_totals_.size())) {
+    label_totals_[label].busy += duration;
+    label_totals_[label].count += 1;
+  }
+  if (max_spans_ == 0 || duration <= 0) return;
+  if (spans_.size() >= max_spans_) {
+    ++dropped_;
+    return;
+  }
+  spans_.push_back(Span{in.start, in.end, label, static_cast<int16_t>(device), static_cast<int16_t>(stream), activity,
+                        link_classes});
+}
+
+void Timeline::count_link(int link_class, double bytes, Seconds busy) {
+  if (link_class < 0) throw std::out_of_range("link class " + std::to_string(link_class) + " is negative");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (link_class >= static_cast<int>(links_.size())) links_.resize(link_class + 1);
+  LinkCounters& c = links_[link_class];
+  c.bytes += bytes;
+  c.busy += busy;
+  c.transfers += 1;
+}
+
+std::vector<LinkCounters> Timeline::link_counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return links_;
+}
+
+int Timeline::label(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = label_ids_.find(text);
+  if (it != label_ids_.end()) return it->second;
+  int id = static_cast<int>(labels_.size());
+  labels_.push_back(text);
+  label_totals_.emplace_back();
+  label_ids_.emplace(text, id);
+  return id;
+}
+
+std::vector<LabelTotals> Timeline::label_totals() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return label_totals_;
+}
+
+std::vector<std::string> Timeline::labels() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return labels_;
+}
+
+void Timeline::set_recording(size_t max_spans) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  max_spans_ = max_spans;
+  if (spans_.capacity() < std::min<size_t>(max_spans, 1 << 16)) spans_.reserve(std::min<size_t>(max_spans, 1 << 16));
+}
+
+std::vector<Span> Timeline::spans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spans_;
+}
+
+size_t Timeline::dropped_spans() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return dropped_;
 }
 
 void Timeline::count(int device, double flops, double bytes, bool guessed) {
@@ -124,6 +210,10 @@ void Timeline::reset() {
   host_ = 0;
   for (auto& s : streams_) std::fill(s.begin(), s.end(), 0.0);
   for (auto& c : counters_) c = {};
+  for (auto& l : links_) l = {};
+  for (auto& t : label_totals_) t = {};
+  spans_.clear();
+  dropped_ = 0;
 }
 
 }  // namespace zion::sim

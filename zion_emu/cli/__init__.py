@@ -1,4 +1,4 @@
-"""The ``zion-emu`` command line: ``info``, ``collectives``, ``demo``.
+"""The ``zion-emu`` command line (the commands are listed in ``zion_emu.__main__``).
 
 Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``.
 A user's mistake raises :class:`CliError` (or the model's ``ConfigError`` /
@@ -24,12 +24,18 @@ class Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see '{self.prog} --help')")
 
 
-def add_platform_arguments(parser: argparse.ArgumentParser) -> None:
+def add_platform_arguments(parser: argparse.ArgumentParser, one_value_per_set: bool = False) -> None:
+    """--platform and --set. Commands that end with a script and its arguments
+    take one PATH=VALUE per --set, so the script is not read as another."""
     parser.add_argument("--platform", metavar="NAME|FILE", default=None,
                         help=f"preset name ({', '.join(preset_names())}) or a .json file; "
                              "default $ZION_PLATFORM or zion")
-    parser.add_argument("--set", metavar="PATH=VALUE", dest="assignments", action="extend", nargs="+",
-                        default=[], help="override a preset field, e.g. --set fabric.topology=ring")
+    if one_value_per_set:
+        parser.add_argument("--set", metavar="PATH=VALUE", dest="assignments", action="append", default=[],
+                            help="override a preset field, e.g. --set fabric.topology=ring (repeatable)")
+    else:
+        parser.add_argument("--set", metavar="PATH=VALUE", dest="assignments", action="extend", nargs="+",
+                            default=[], help="override a preset field, e.g. --set fabric.topology=ring")
 
 
 def platform_from(args: argparse.Namespace) -> Platform:

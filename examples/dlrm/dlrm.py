@@ -1,0 +1,326 @@
+"""Trains DLRM on synthetic data and says how fast it trains: on the modeled
+Zion (``--device zion``, modeled time), on the CPU or on CUDA (wall time).
+
+    python examples/dlrm/dlrm.py --config tiny --device zion
+    torchrun --nproc-per-node 8 examples/dlrm/dlrm.py --config small --device zion
+    python examples/dlrm/dlrm.py --config paper --device cpu --num-batches 3
+
+Flags follow the public facebookresearch/dlrm reference (``--arch-*``,
+``--mini-batch-size``, ...); ``--config`` sets them all at once and explicit
+flags override it. Under torchrun (WORLD_SIZE > 1) tables are model parallel,
+table-wise, and the MLPs data parallel under DDP; the process group is ``zion``
+for ``--device zion``, ``gloo`` for ``cpu`` and ``nccl`` for ``cuda``.
+
+Output (rank 0): a line per ``--print-freq`` iterations,
+
+    iter 3 loss 0.6931471824645996 modeled_ms_per_iter 1.234 modeled_samples_per_s 1659000.1 wall_ms_per_iter 56.7
+
+(the loss is the global batch's mean, exact; ``modeled_*`` only on zion), and
+a last ``summary`` line with the samples/s over the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from configs import CONFIGS  # noqa: E402
+from data import CRITEO_DENSE_FEATURES, KINDS, Batch, SyntheticData  # noqa: E402
+from model import DenseArch, EmbeddingArch, table_owners  # noqa: E402
+
+DEVICES = ("cpu", "zion", "cuda")
+OPTIMIZERS = ("sgd", "adagrad")
+BACKENDS = {"cpu": "gloo", "zion": "zion", "cuda": "nccl"}
+
+
+class UsageError(ValueError):
+    """A flag or the launch environment asks for something the run cannot do."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dlrm.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=tuple(CONFIGS), default="small",
+                   help="named shape that sets the arch and run flags (default: small)")
+    # None = take the config's value.
+    p.add_argument("--arch-sparse-feature-size", type=int, help="embedding dimension")
+    p.add_argument("--arch-embedding-size", help="rows per table, e.g. 1000-1000-1000")
+    p.add_argument("--arch-mlp-bot", help="bottom MLP widths from the dense features, e.g. 13-512-256-64")
+    p.add_argument("--arch-mlp-top", help="top MLP widths after the interaction, e.g. 512-256-1")
+    p.add_argument("--mini-batch-size", type=int, help="global batch, split evenly over the ranks")
+    p.add_argument("--num-batches", type=int, help="training iterations")
+    p.add_argument("--num-indices-per-lookup", type=int, help="indices pooled per table per sample")
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--data", choices=KINDS)
+    p.add_argument("--max-rows", type=int, help="cap on rows per table (0: no cap)")
+    p.add_argument("--device", choices=DEVICES, default="zion")
+    p.add_argument("--platform", help="zion only: the modeled machine (a preset name or a .json file; "
+                                      "default: $ZION_PLATFORM or zion)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-freq", type=int, default=1, help="print a line every N iterations")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (none when stderr is not a TTY)")
+    return p
+
+
+def _widths(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split("-")]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{flag} {text!r}: expected positive integers separated by dashes, e.g. 13-512-256-64")
+    return values
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fills the flags left unset from ``--config`` and checks that the shapes fit together."""
+    for name, value in CONFIGS[args.config].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    dim = args.arch_sparse_feature_size
+    for flag, value in (("--arch-sparse-feature-size", dim), ("--mini-batch-size", args.mini_batch_size),
+                        ("--num-batches", args.num_batches), ("--num-indices-per-lookup", args.num_indices_per_lookup),
+                        ("--print-freq", args.print_freq)):
+        if value < 1:
+            raise UsageError(f"{flag} is {value}; it must be at least 1")
+    if args.max_rows < 0:
+        raise UsageError(f"--max-rows is {args.max_rows}; it must be 0 (no cap) or a row count")
+    if not args.learning_rate > 0:
+        raise UsageError(f"--learning-rate is {args.learning_rate}; it must be positive")
+    args.table_rows = _widths("--arch-embedding-size", args.arch_embedding_size)
+    if args.max_rows:
+        args.table_rows = [min(r, args.max_rows) for r in args.table_rows]
+    args.bottom = _widths("--arch-mlp-bot", args.arch_mlp_bot)
+    args.top = _widths("--arch-mlp-top", args.arch_mlp_top)
+    if len(args.bottom) < 2:
+        raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot}: give the dense feature count and at least one layer")
+    if args.bottom[-1] != dim:
+        raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot} ends in {args.bottom[-1]}, but "
+                         f"--arch-sparse-feature-size is {dim}: the bottom MLP's output meets the embeddings in the "
+                         f"dot interaction, so the two must be equal")
+    if args.top[-1] != 1:
+        raise UsageError(f"--arch-mlp-top {args.arch_mlp_top} ends in {args.top[-1]}; the top MLP gives one "
+                         f"logit per sample, so it must end in 1")
+    if args.data == "criteo-synthetic" and args.bottom[0] != CRITEO_DENSE_FEATURES:
+        raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot} starts with {args.bottom[0]} dense features, but "
+                         f"--data criteo-synthetic has {CRITEO_DENSE_FEATURES}; start it with {CRITEO_DENSE_FEATURES} "
+                         f"or use --data random")
+    if args.platform is not None and args.device != "zion":
+        raise UsageError(f"--platform {args.platform} picks the modeled machine; it needs --device zion, "
+                         f"not --device {args.device}")
+    return args
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return resolve(args)
+    except UsageError as e:
+        parser.error(str(e))
+        raise  # parser.error exits
+
+
+@dataclass
+class Run:
+    """One rank's training state."""
+
+    args: argparse.Namespace
+    rank: int
+    world_size: int
+    device: torch.device
+    embeddings: EmbeddingArch
+    dense: nn.Module
+    optimizer: torch.optim.Optimizer
+    data: SyntheticData
+
+    @property
+    def local_batch(self) -> int:
+        return self.args.mini_batch_size // self.world_size
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One training iteration on a batch already on the device; returns this rank's loss (on the device)."""
+        pooled = self.embeddings(batch.indices, batch.offsets, self.local_batch)
+        logits = self.dense(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        """The global batch's mean loss: the ranks' means summed through the
+        process group (on the host: no modeled time) and divided by their number."""
+        value = loss.to("cpu" if self.args.device != "cuda" else self.device, torch.float32).reshape(1)
+        if self.world_size > 1:
+            dist.all_reduce(value)
+            value = value / self.world_size
+        return float(value.item())
+
+    def synchronize(self) -> None:
+        if self.device.type == "zion":
+            torch.zion.synchronize(self.device)
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def modeled_clock(self) -> float | None:
+        """The host's virtual clock in seconds after waiting for the device (zion only)."""
+        if self.device.type != "zion":
+            return None
+        import zion_emu
+
+        self.synchronize()
+        return zion_emu.clock()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise UsageError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def setup(args: argparse.Namespace) -> Run:
+    """Device, process group (when WORLD_SIZE > 1), model, optimizer and data for this rank."""
+    world, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if args.mini_batch_size % world:
+        raise UsageError(f"--mini-batch-size {args.mini_batch_size} does not split evenly over {world} ranks; "
+                         f"give a multiple of {world}")
+    if args.device == "zion":
+        import zion_emu
+        import zion_emu.distributed  # noqa: F401  (registers the zion process-group backend)
+
+        if args.platform is not None:
+            zion_emu.set_platform(args.platform)
+        if local_rank >= torch.zion.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank} has no device: the platform "
+                             f"'{zion_emu.current_platform().name}' has {torch.zion.device_count()} per node")
+        device = torch.device("zion", local_rank)
+        torch.zion.set_device(device)
+    elif args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available here; use --device zion or --device cpu")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group(BACKENDS[args.device], rank=rank, world_size=world)
+
+    owners = table_owners(len(args.table_rows), world)
+    embeddings = EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, rank, args.seed, device)
+    dense: nn.Module = DenseArch(args.bottom, args.top, len(args.table_rows), args.seed).to(device)
+    if world > 1:
+        dense = nn.parallel.DistributedDataParallel(dense, device_ids=[local_rank] if device.type == "cuda" else None)
+    params = list(embeddings.parameters()) + list(dense.parameters())
+    # foreach=False: one code path on every device, so results match bit for bit.
+    if args.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=args.learning_rate, foreach=False)
+    else:
+        optimizer = torch.optim.Adagrad(params, lr=args.learning_rate, foreach=False)
+    data = SyntheticData(args.data, args.table_rows, args.bottom[0], args.num_indices_per_lookup,
+                         args.mini_batch_size, rank, world, owners[rank], args.seed)
+    return Run(args, rank, world, device, embeddings, dense, optimizer, data)
+
+
+def describe(run: Run) -> str:
+    a = run.args
+    owned = "-".join(str(len(t)) for t in table_owners(len(a.table_rows), run.world_size))
+    where = a.device
+    if a.device == "zion":
+        import zion_emu
+
+        where += f" platform {zion_emu.current_platform().name}"
+    return (f"# dlrm config {a.config} device {where} ranks {run.world_size} tables {len(a.table_rows)} "
+            f"(per rank {owned}) rows {a.arch_embedding_size if not a.max_rows else '-'.join(map(str, a.table_rows))} "
+            f"dim {a.arch_sparse_feature_size} bot {a.arch_mlp_bot} top {a.arch_mlp_top} "
+            f"global_batch {a.mini_batch_size} lookups {a.num_indices_per_lookup} data {a.data} "
+            f"optimizer {a.optimizer} lr {a.learning_rate}")
+
+
+def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
+    """Runs ``--num-batches`` iterations; ``emit`` gets rank 0's lines. Returns the summary figures."""
+    from tqdm import tqdm
+
+    a = run.args
+    lead = run.rank == 0
+    bar = tqdm(total=a.num_batches, unit="it", disable=not lead or a.no_progress or not sys.stderr.isatty())
+    say = (lambda line: bar.write(line, file=sys.stdout)) if not bar.disable else emit
+    if os.environ.get("ZION_RUN_DIR"):  # under `python -m zion_emu run`: its report gives samples/s too
+        from zion_emu.launch import samples_per_iteration
+
+        samples_per_iteration(a.mini_batch_size // run.world_size)
+    run.synchronize()
+    wall_start = wall_last = time.perf_counter()
+    clock_start = clock_last = run.modeled_clock()
+    last_iter = 0
+    for i in range(a.num_batches):
+        batch = run.data.batch(i).to(run.device)
+        loss = run.step(batch)
+        bar.update(1)
+        if (i + 1) % a.print_freq and i + 1 != a.num_batches:
+            continue
+        value = run.global_loss(loss)
+        clock, wall = run.modeled_clock(), time.perf_counter()
+        iters = i + 1 - last_iter
+        line = f"iter {i + 1} loss {value!r}"
+        if clock is not None:
+            modeled = (clock - clock_last) / iters
+            line += f" modeled_ms_per_iter {modeled * 1e3:.6f} modeled_samples_per_s {a.mini_batch_size / modeled:.1f}"
+        line += f" wall_ms_per_iter {(wall - wall_last) / iters * 1e3:.3f}"
+        if lead:
+            say(line)
+        last_iter, clock_last, wall_last = i + 1, clock, wall
+    bar.close()
+    wall_s = time.perf_counter() - wall_start
+    summary = {"iters": a.num_batches, "global_batch": a.mini_batch_size,
+               "wall_samples_per_s": a.mini_batch_size * a.num_batches / wall_s}
+    line = f"summary device {a.device} ranks {run.world_size} iters {a.num_batches} global_batch {a.mini_batch_size}"
+    if clock_start is not None:
+        modeled_s = (run.modeled_clock() - clock_start) / a.num_batches
+        summary["modeled_ms_per_iter"] = modeled_s * 1e3
+        summary["modeled_samples_per_s"] = a.mini_batch_size / modeled_s
+        summary["peak_hbm_bytes"] = torch.zion.max_memory_allocated(run.device)
+        line += (f" modeled_ms_per_iter {modeled_s * 1e3:.6f} modeled_samples_per_s "
+                 f"{summary['modeled_samples_per_s']:.1f} peak_hbm_bytes {summary['peak_hbm_bytes']}")
+    line += f" wall_samples_per_s {summary['wall_samples_per_s']:.1f}"
+    if lead:
+        emit(line)
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        run = setup(args)
+    except UsageError as e:
+        print(f"dlrm.py: error: {e}", file=sys.stderr)
+        return 2
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+
+    if run.rank == 0:
+        emit(describe(run))
+    train(run, emit)
+    if run.world_size > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

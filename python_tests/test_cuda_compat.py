@@ -1,0 +1,529 @@
+"""``zion_emu.cuda_compat``: code written for CUDA runs on zion unmodified.
+
+The layer patches torch for a whole process, so the checks run in one helper
+interpreter that enabled it (the ``compat`` fixture): each test sends a piece
+of code, which asserts there, and a failure comes back with its traceback.
+The example script runs unmodified with the layer in subprocesses, on 1 and 2
+ranks, and its losses equal the same script's on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import zion_emu
+from zion_emu.cuda_compat import translate_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cuda_dlrm_reference_style.py"
+MARK = "@@cuda-compat-check@@"
+CHECK_TIMEOUT_S = 60
+RUN_TIMEOUT_S = 240
+
+_SERVER = f"""
+import json, sys, traceback
+import zion_emu.cuda_compat as compat
+report = compat.enable()
+for line in sys.stdin:
+    namespace = {{"report": report, "compat": compat, "__name__": "__check__"}}
+    try:
+        exec(compile(json.loads(line), "<check>", "exec"), namespace)
+        reply = {{"ok": True}}
+    except BaseException:
+        reply = {{"ok": False, "error": traceback.format_exc()}}
+    print("{MARK}" + json.dumps(reply), flush=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    env.pop("ZION_PLATFORM", None)
+    return env
+
+
+class CompatProcess:
+    """An interpreter with cuda_compat enabled that runs checks sent to it."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", _SERVER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
+                                     bufsize=1)
+
+    def check(self, code: str) -> None:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(textwrap.dedent(code)) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        fd = self.proc.stdout.fileno()
+        output = b""
+        while MARK.encode() not in output or not output.endswith(b"\n"):
+            # Raw reads: a buffered readline could hold the reply while select waits.
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                pytest.fail(f"cuda-compat check did not answer in {CHECK_TIMEOUT_S} s; output: {output.decode()}")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                pytest.fail(f"the cuda-compat process ended; output: {output.decode()}")
+            output += chunk
+        text, _, reply_line = output.decode().rpartition(MARK)
+        reply = json.loads(reply_line)
+        if not reply["ok"]:
+            pytest.fail(reply["error"] + text, pytrace=False)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def compat() -> Iterator[CompatProcess]:
+    p = CompatProcess()
+    yield p
+    p.close()
+
+
+# Devices.
+def test_torch_cuda_reports_the_zion_devices(compat):
+    oams = zion_emu.load_platform("zion").get("oam.count")
+    compat.check(f"""
+        import torch
+        assert torch.cuda.is_available() and torch.cuda.is_initialized() in (True, False)
+        assert torch.cuda.device_count() == torch.zion.device_count() == {oams}
+        torch.cuda.set_device(torch.device("cuda", 3))
+        assert torch.cuda.current_device() == torch.zion.current_device() == 3
+        assert torch.zeros(1, device="cuda").device == torch.device("zion", 3)
+        with torch.cuda.device("cuda:5"):
+            assert torch.cuda.current_device() == 5
+        assert torch.cuda.current_device() == 3
+        torch.cuda.set_device(0)
+        assert torch.cuda.get_device_name("cuda:1") == "zion OAM"
+        props = torch.cuda.get_device_properties(torch.device("cuda", 2))
+        assert props.index == 2 and props.total_memory == {zion_emu.load_platform("zion").get("oam.hbm_bytes")}
+        assert torch.cuda.is_bf16_supported()
+    """)
+
+
+def test_cuda_device_strings_and_torch_device_become_zion(compat):
+    compat.check("""
+        import pickle, torch
+        d = torch.device("cuda", 1)
+        assert d == torch.device("zion:1") and d.type == "zion" and d.index == 1
+        assert torch.device("cuda") == torch.device("zion") and torch.device("cuda:2").index == 2
+        assert torch.device(type="cuda", index=4) == torch.device("zion", 4)
+        assert torch.device("cpu").type == "cpu" and torch.device("meta").type == "meta"
+        # torch.device is a stand-in for the C type: checks and pickling still work.
+        assert isinstance(d, torch.device) and type(d) is torch._C.device
+        assert issubclass(torch._C.device, torch.device) and not isinstance("cuda", torch.device)
+        assert pickle.loads(pickle.dumps(d)) == d
+        with torch.device("cuda:1"):
+            assert torch.empty(2).device == d
+    """)
+
+
+def test_factories_and_tensor_methods_take_cuda_devices(compat):
+    compat.check("""
+        import torch
+        for make in (lambda dev: torch.zeros(2, 3, device=dev), lambda dev: torch.arange(6, device=dev),
+                     lambda dev: torch.full((2,), 7.0, device=dev), lambda dev: torch.tensor([1, 2], device=dev),
+                     lambda dev: torch.eye(3, device=dev), lambda dev: torch.empty(4, device=dev)):
+            for dev, want in (("cuda", "zion:0"), ("cuda:2", "zion:2"), (torch.device("cuda", 1), "zion:1")):
+                assert str(make(dev).device) == want, (make(dev).device, dev)
+        assert torch.equal(torch.arange(6, device="cuda").cpu(), torch.arange(6))
+        x = torch.randn(3, 4)
+        assert str(x.cuda().device) == "zion:0" and str(x.cuda(2).device) == "zion:2"
+        assert str(x.cuda("cuda:3").device) == "zion:3" and torch.equal(x.cuda(1).cpu(), x)
+        assert str(x.to("cuda:1").device) == "zion:1" and str(x.to(device="cuda").device) == "zion:0"
+        y = x.to("cuda", torch.float64)
+        assert y.dtype == torch.float64 and str(y.device) == "zion:0"
+        assert str(x.new_zeros(2, device="cuda:4").device) == "zion:4"
+        assert str(x.new_tensor([1.0], device="cuda").device) == "zion:0"
+        assert x.to(torch.float16).dtype == torch.float16 and x.to(y).device == y.device
+        made_before_enable = torch._C.device("cuda", 1)  # a CUDA torch.device that escaped translation
+        assert made_before_enable.type == "cuda" and str(x.to(made_before_enable).device) == "zion:1"
+        assert str(torch.ones(1, device=made_before_enable).device) == "zion:1"
+    """)
+
+
+def test_is_cuda_is_true_for_zion_tensors_but_not_inside_torch(compat):
+    # torch's own code reads is_cuda to pick CUDA-only kernels (e.g. a
+    # broadcast asks for the compute capability when is_cuda), so it sees False.
+    compat.check("""
+        import torch
+        z, c = torch.ones(2, device="cuda"), torch.ones(2)
+        assert z.is_cuda and not c.is_cuda
+        inside_torch = {"__name__": "torch.nn.functional"}
+        exec("result = z.is_cuda", inside_torch, env := {"z": z})
+        assert env["result"] is False
+    """)
+
+
+def test_modules_move_with_cuda_and_to(compat):
+    compat.check("""
+        import torch
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        ref = m.weight.detach().clone()
+        assert m.cuda() is m and str(m.weight.device) == "zion:0"
+        assert str(m.to("cuda:2").weight.device) == "zion:2"
+        assert str(m.cuda(torch.device("cuda", 1)).bias.device) == "zion:1"
+        assert str(m.to(device=torch.device("cuda"), dtype=torch.float64).weight.device) == "zion:0"
+        assert torch.equal(m.weight.cpu().float(), ref)
+        e = torch.nn.Linear(2, 2, device="meta").to_empty(device="cuda:3")
+        assert str(e.weight.device) == "zion:3"
+        l = torch.nn.Linear(2, 2, device="cuda:1")
+        assert str(l.weight.device) == "zion:1"
+    """)
+
+
+def test_torch_load_maps_cuda_locations(compat, tmp_path):
+    compat.check(f"""
+        import io, torch
+        t = torch.arange(4.0, device="cuda:1")
+        path = r"{tmp_path}/t.pt"
+        torch.save({{"t": t}}, path)
+        for where, want in (("cuda:0", "zion:0"), (torch.device("cuda", 2), "zion:2"),
+                            ({{"zion:1": "cuda:3"}}, "zion:3"), ("cpu", "cpu"), (None, "zion:1")):
+            loaded = torch.load(path, map_location=where)["t"]
+            assert str(loaded.device) == want and torch.equal(loaded.cpu(), torch.arange(4.0)), (where, loaded.device)
+        # A checkpoint written on a CUDA machine: its storages are tagged cuda:N
+        # (same length as zion:N, so the pickle stays valid when retagged).
+        import zipfile
+        src = zipfile.ZipFile(path)
+        cuda_path = r"{tmp_path}/cuda.pt"
+        with zipfile.ZipFile(cuda_path, "w") as dst:
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename.endswith("data.pkl"):
+                    assert b"zion:1" in data
+                    data = data.replace(b"zion:1", b"cuda:1")
+                dst.writestr(info, data)
+        before = report.remapped().get("torch.load(cuda storage)", 0)
+        loaded = torch.load(cuda_path)["t"]
+        assert str(loaded.device) == "zion:1" and torch.equal(loaded.cpu(), torch.arange(4.0))
+        assert report.remapped()["torch.load(cuda storage)"] == before + 1
+        assert str(torch.load(cuda_path, map_location="cuda:2")["t"].device) == "zion:2"
+    """)
+
+
+def test_torch_compile_traces_cuda_devices(compat):
+    # aot_eager: the graph runs op by op on zion (inductor is refused on zion).
+    compat.check("""
+        import torch
+        def f(x):
+            return x.to(torch.device("cuda", 1)) + torch.ones(4, device="cuda:1")
+        out = torch.compile(f, backend="aot_eager")(torch.arange(4.0))
+        assert str(out.device) == "zion:1" and out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    """)
+
+
+# Random numbers.
+def test_generators_and_seeds(compat):
+    # A zion generator holds a CPU generator's state: a seed draws the CPU's numbers.
+    compat.check("""
+        import torch
+        g = torch.Generator(device="cuda")
+        assert g.device == torch.device("zion", 0) and isinstance(g, torch.Generator)
+        g.manual_seed(5)
+        assert torch.equal(torch.randn(4, device="cuda", generator=g).cpu(),
+                           torch.randn(4, generator=torch.Generator().manual_seed(5)))
+        assert str(torch.Generator(device="cuda:2").device) == "zion:2"
+        assert str(torch.Generator().device) == "cpu"
+        torch.cuda.manual_seed(7)
+        a = torch.rand(3, device="cuda")
+        torch.cuda.manual_seed_all(7)
+        assert torch.equal(torch.rand(3, device="cuda").cpu(), a.cpu()) and torch.cuda.initial_seed() == 7
+        state = torch.cuda.get_rng_state()
+        b = torch.rand(3, device="cuda")
+        torch.cuda.set_rng_state(state)
+        assert torch.equal(torch.rand(3, device="cuda").cpu(), b.cpu())
+        assert len(torch.cuda.default_generators) == torch.cuda.device_count()
+        assert torch.cuda.default_generators[1] is torch.zion.default_generators[1]
+        assert len(torch.cuda.get_rng_state_all()) == torch.cuda.device_count()
+    """)
+
+
+# Streams, events, time.
+def test_events_time_a_matmul_in_modeled_milliseconds(compat):
+    zion = zion_emu.load_platform("zion")
+    peak, efficiency = zion.get("oam.peak_flops")["fp32"], zion.get("oam.efficiency")["matmul"]
+    launch_s = zion.get("oam.launch_overhead_ns") * 1e-9
+    # 2 * 512^3 / (15e12 * 0.6) + 5 us = 29.83 us + 5 us
+    expected_ms = (2 * 512**3 / (peak * efficiency) + launch_s) * 1e3
+    assert expected_ms == pytest.approx(0.034827, abs=1e-6)
+    compat.check(f"""
+        import torch
+        a = torch.randn(512, 512, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record(); a @ a; end.record(); end.synchronize()
+        assert abs(start.elapsed_time(end) - {expected_ms!r}) < 1e-9 * {expected_ms!r}, start.elapsed_time(end)
+    """)
+
+
+def test_streams(compat):
+    compat.check("""
+        import torch
+        s = torch.cuda.Stream()
+        assert isinstance(s, torch.cuda.Stream) and isinstance(torch.cuda.Event(), torch.cuda.Event)
+        assert isinstance(s, torch.Stream) and torch.cuda.Stream.wait_stream is torch.Stream.wait_stream
+        assert s.device == torch.device("zion", 0) and s != torch.cuda.default_stream()
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        assert torch.cuda.default_stream("cuda:1").device_index == 1
+        with torch.cuda.stream(s):
+            assert torch.cuda.current_stream() == s
+            x = torch.randn(64, 64, device="cuda") @ torch.randn(64, 64, device="cuda")
+        assert torch.cuda.current_stream() == torch.cuda.default_stream()
+        torch.cuda.current_stream().wait_stream(s)
+        s.synchronize(); torch.cuda.synchronize("cuda:0"); torch.cuda.synchronize(torch.device("cuda", 1))
+        assert not torch.cuda.is_current_stream_capturing()
+    """)
+
+
+def test_memory_statistics(compat):
+    hbm = zion_emu.load_platform("zion").get("oam.hbm_bytes")
+    compat.check(f"""
+        import torch
+        torch.cuda.reset_peak_memory_stats("cuda:6")
+        base = torch.cuda.memory_allocated(6)
+        x = torch.empty(1 << 18, dtype=torch.float32, device="cuda:6")  # 1 MiB
+        assert torch.cuda.memory_allocated(torch.device("cuda", 6)) == base + (1 << 20)
+        assert torch.cuda.max_memory_allocated("cuda:6") == base + (1 << 20)
+        assert torch.cuda.memory_reserved(6) == torch.cuda.memory_allocated(6)  # no caching allocator
+        free, total = torch.cuda.mem_get_info(6)
+        assert total == {hbm} and free == total - base - (1 << 20)
+        assert torch.cuda.memory_stats(6)["allocated_bytes.all.current"] == base + (1 << 20)
+        del x
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_allocated(6) == base and torch.cuda.max_memory_allocated(6) == base + (1 << 20)
+        torch.cuda.reset_peak_memory_stats(6)
+        assert torch.cuda.max_memory_allocated(6) == base
+        assert "zion:6" in torch.cuda.memory_summary(6)
+    """)
+
+
+def test_legacy_typed_constructors(compat):
+    compat.check("""
+        import torch
+        x = torch.cuda.FloatTensor(2, 3)
+        assert x.shape == (2, 3) and x.dtype == torch.float32 and str(x.device) == "zion:0"
+        y = torch.cuda.LongTensor([1, 2, 3])
+        assert y.dtype == torch.int64 and y.cpu().tolist() == [1, 2, 3]
+        assert torch.cuda.HalfTensor(torch.Size([4])).dtype == torch.float16
+        assert torch.cuda.DoubleTensor(torch.ones(2)).dtype == torch.float64
+        assert isinstance(x, torch.cuda.FloatTensor) and not isinstance(x, torch.cuda.LongTensor)
+        assert not isinstance(torch.ones(2), torch.cuda.FloatTensor)
+        z = torch.ones(2).type("torch.cuda.BFloat16Tensor")
+        assert z.dtype == torch.bfloat16 and str(z.device) == "zion:0"
+        assert torch.ones(2).type(torch.cuda.IntTensor).dtype == torch.int32
+        assert torch.ones(2).type() == "torch.FloatTensor"
+        try:
+            torch.ones(2).type("torch.cuda.QuadTensor")
+        except ValueError as e:
+            assert "unknown tensor type 'torch.cuda.QuadTensor'" in str(e) and "torch.cuda.FloatTensor" in str(e)
+        else:
+            raise AssertionError("no error")
+    """)
+
+
+# Mixed precision.
+def test_autocast_and_grad_scaler_for_cuda(compat):
+    compat.check("""
+        import torch
+        a = torch.randn(8, 8, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert (a @ a).dtype == torch.bfloat16 and torch.is_autocast_enabled("zion")
+        with torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16):
+            assert (a @ a).dtype == torch.bfloat16
+        with torch.cuda.amp.autocast(dtype=torch.bfloat16):
+            assert (a @ a).dtype == torch.bfloat16
+        assert (a @ a).dtype == torch.float32
+        assert isinstance(torch.autocast("cuda"), torch.amp.autocast_mode.autocast)
+        for scaler in (torch.amp.GradScaler("cuda"), torch.amp.GradScaler(), torch.cuda.amp.GradScaler()):
+            assert scaler._device == "zion"
+            w = torch.nn.Parameter(torch.ones(4, device="cuda"))
+            opt = torch.optim.SGD([w], lr=0.5)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = (w * 2).sum()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            assert torch.equal(w.detach().cpu(), torch.zeros(4))  # 1 - 0.5 * 2
+    """)
+
+
+# torch.distributed.
+def test_backend_names_map_nccl_to_zion():
+    assert translate_backend("nccl") == "zion"
+    assert translate_backend("NCCL") == "zion"
+    assert translate_backend(None) == "zion"
+    assert translate_backend("gloo") == "gloo"
+    assert translate_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,zion:zion"
+    assert translate_backend("zion") == "zion"
+
+
+def test_nccl_process_group_is_the_zion_backend(compat, tmp_path):
+    compat.check(f"""
+        import datetime, torch, torch.distributed as dist
+        assert dist.is_nccl_available()
+        dist.init_process_group("nccl", init_method="file://{tmp_path}/store", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        assert dist.get_backend() == "zion"
+        g = dist.new_group(backend="nccl")
+        assert dist.get_backend(g) == "zion"
+        x = torch.arange(4.0, device="cuda")
+        dist.all_reduce(x, group=g)
+        assert torch.equal(x.cpu(), torch.arange(4.0))
+        assert dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda")) is not None
+        dist.destroy_process_group()
+        assert report.remapped()["init_process_group(backend='nccl')"] == 1
+        assert report.remapped()["new_group(backend='nccl')"] == 1
+    """)
+
+
+def test_profiler_use_cuda_keeps_cpu_events(compat):
+    compat.check("""
+        import torch, warnings
+        from torch.profiler import ProfilerActivity, profile
+        a = torch.randn(16, 16, device="cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "CUDA is not available" warning
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+                a @ a
+        assert any(e.name == "aten::mm" for e in p.events())
+        with torch.autograd.profiler.profile(use_cuda=True) as p:
+            a @ a
+        assert any(e.name == "aten::mm" for e in p.function_events)
+        assert report.remapped()["profiler(use_cuda) -> CPU events"] >= 1
+    """)
+
+
+# What has no zion equivalent.
+@pytest.mark.parametrize("call, name", [
+    ("torch.cuda.get_device_capability()", "torch.cuda.get_device_capability"),
+    ("torch.cuda.CUDAGraph()", "torch.cuda.CUDAGraph"),
+    ("torch.cuda.graphs.CUDAGraph()", "torch.cuda.CUDAGraph"),
+    ("torch.cuda.graph(None)", "torch.cuda.graph"),
+    ("torch.cuda.make_graphed_callables(torch.nn.Linear(2, 2), (torch.ones(2),))", "torch.cuda.make_graphed_callables"),
+    ("torch.cuda.nccl.all_reduce([torch.ones(2, device='cuda')])", "torch.cuda.nccl.all_reduce"),
+    ("torch._C._broadcast_coalesced([torch.ones(2, device='cuda')], [0, 1], 1024)", "torch._C._broadcast_coalesced"),
+    ("torch.cuda.comm.broadcast(torch.ones(2, device='cuda'), [0, 1])", "torch.cuda.comm.broadcast"),
+    ("torch.cuda.utilization()", "torch.cuda.utilization"),
+    ("torch.nn.DataParallel(torch.nn.Linear(2, 2).cuda(), device_ids=[0, 1])(torch.ones(4, 2, device='cuda'))",
+     "torch.cuda.comm."),
+])
+def test_cuda_only_calls_raise_naming_the_call(compat, call, name):
+    compat.check(f"""
+        import torch, torch.cuda.comm, torch.cuda.graphs, torch.cuda.nccl
+        try:
+            {call}
+        except compat.CudaOnlyError as e:
+            assert {name!r} in str(e) and "has no zion equivalent" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+    """)
+
+
+def test_report_counts_remapped_calls_and_enable_is_idempotent(compat):
+    compat.check("""
+        import torch
+        assert compat.enable() is report and compat.enabled()
+        before = report.remapped()
+        torch.ones(1, device="cuda"); torch.ones(1, device="cuda"); torch.ones(1, device="cpu")
+        torch.cuda.synchronize()
+        after = report.remapped()
+        assert after["torch.ones(device=cuda)"] == before.get("torch.ones(device=cuda)", 0) + 2
+        assert after["torch.cuda.synchronize"] == before.get("torch.cuda.synchronize", 0) + 1
+        assert "torch.ones(device=cuda)" in str(report)
+        assert "torch.device" in report.patched and "torch.cuda.is_available" in report.patched
+    """)
+
+
+def test_nothing_changes_until_enabled():
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import torch, zion_emu, zion_emu.cuda_compat as compat
+        assert not compat.enabled() and not torch.cuda.is_available()
+        assert torch.device("cuda").type == "cuda" and torch.device is torch._C.device
+        try:
+            torch.zeros(1, device="cuda")
+        except (AssertionError, RuntimeError):
+            pass
+        else:
+            raise AssertionError("CUDA tensor made without cuda-compat")
+    """)], capture_output=True, text=True, env=_env(), timeout=RUN_TIMEOUT_S, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+# The example, written for CUDA, unmodified.
+_RUNNER = """
+import runpy, sys
+import zion_emu.cuda_compat as compat
+report = compat.enable()
+script, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+print("remapped", sorted(report.remapped()), file=sys.stderr)
+"""
+EXAMPLE_ARGS = ["--num-batches", "4", "--mini-batch-size", "16"]
+LOSS = re.compile(r"^iter=(\d+) loss=(\S+) time_ms=\S+$", re.M)
+
+
+def _losses(stdout: str) -> list[float]:
+    found = LOSS.findall(stdout)
+    assert [int(i) for i, _ in found] == list(range(4)), stdout
+    return [float(loss) for _, loss in found]
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{proc.args} did not finish in {RUN_TIMEOUT_S} s: {err[-3000:]}")
+    assert proc.returncode == 0, err[-4000:]
+    return out, err
+
+
+def test_example_on_one_rank_equals_the_cpu_run(tmp_path):
+    runner = tmp_path / "runner.py"
+    runner.write_text(_RUNNER)
+    cpu = _start([sys.executable, str(EXAMPLE), *EXAMPLE_ARGS])
+    zion = _start([sys.executable, str(runner), str(EXAMPLE), "--use-gpu", *EXAMPLE_ARGS])
+    (cpu_out, _), (zion_out, zion_err) = _finish(cpu), _finish(zion)
+    assert _losses(zion_out) == _losses(cpu_out)
+    assert "zion OAM" in zion_err
+    for remapped in ("Module.cuda", "torch.cuda.is_available", "torch.cuda.synchronize", "torch.device('cuda')"):
+        assert remapped in zion_err
+
+
+def test_example_on_two_ranks_with_nccl_equals_the_cpu_run_with_gloo(tmp_path):
+    runner = tmp_path / "runner.py"
+    runner.write_text(_RUNNER)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", "localhost:0"]
+    cpu = _start([*torchrun, str(EXAMPLE), *EXAMPLE_ARGS])
+    zion = _start([*torchrun, str(runner), str(EXAMPLE), "--use-gpu", *EXAMPLE_ARGS])
+    (cpu_out, _), (zion_out, zion_err) = _finish(cpu), _finish(zion)
+    assert _losses(zion_out) == _losses(cpu_out)
+    assert "init_process_group(backend='nccl')" in zion_err

@@ -1,0 +1,234 @@
+"""`python -m zion_emu run`: the launcher, the report and the trace.
+
+zion preset numbers used below: socket 0 -> PCIe switch 0 is Gen3 x16
+(12 GB/s), switch -> OAM 0 is Gen4 x16 (24 GB/s); the OAMs are fully
+connected; launch overhead 5 us.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from zion_emu import report as rep
+from zion_emu.cli.whatif import split_values, variants
+
+TRAIN = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)).to("zion")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(32, 64).pin_memory()
+y = torch.randn(32, 1).pin_memory()
+for step in range({steps}):
+    xb, yb = x.to("zion"), y.to("zion")
+    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("final loss", loss.item())
+"""
+
+
+def zion_emu_cli(*args, timeout=180, check=True):
+    r = subprocess.run([sys.executable, "-m", "zion_emu", *args], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+    return r
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_union_length_merges_overlaps_by_hand():
+    starts = np.array([0.0, 1.0, 5.0, 6.0, 10.0])
+    ends = np.array([2.0, 3.0, 7.0, 6.5, 10.0])
+    # [0,3) + [5,7) + an empty one = 5
+    assert rep.union_length(starts, ends) == 5.0
+    assert rep.union_length(np.array([]), np.array([])) == 0.0
+
+
+def test_breakdown_splits_wall_time_by_hand():
+    spans = {
+        "start": np.array([0.0, 1.0, 3.0, 5.0]),
+        "end": np.array([2.0, 4.0, 3.5, 6.0]),
+        "activity": np.array([rep.COMPUTE, rep.COMMUNICATION, rep.COPY, rep.COPY]),
+        "device": np.array([0, 0, 0, 0]),
+    }
+    b = rep.breakdown(spans, device=0, wall=10.0)
+    # compute [0,2); comm [1,4): 1 s overlapped, 2 s exposed; copies [3,3.5) hidden under comm, [5,6) exposed
+    assert b == {"compute_s": 2.0, "communication_exposed_s": 2.0, "communication_overlapped_s": 1.0,
+                 "copies_exposed_s": 1.0, "host_s": 5.0}
+    assert sum(v for k, v in b.items() if k != "communication_overlapped_s") == 10.0
+
+
+def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
+    script = write(tmp_path, "train.py", TRAIN.format(steps=5))
+    out, trace = tmp_path / "report.json", tmp_path / "trace.json"
+    r = zion_emu_cli("run", "--report", str(out), "--trace", str(trace), "--samples-per-iteration", "32", str(script))
+    assert "final loss" in r.stdout and "zion-emu report" in r.stdout
+    report = json.loads(out.read_text())
+    assert report["iterations"] == 5
+    assert report["samples_per_s"] == pytest.approx(32 / report["iteration_s"])
+    b = report["breakdown"]
+    parts = b["compute_s"] + b["communication_exposed_s"] + b["copies_exposed_s"] + b["host_s"]
+    assert parts == pytest.approx(report["wall_s"], rel=1e-12)
+    assert b["compute_s"] > 0 and b["copies_exposed_s"] > 0
+    # Each step copies x (32x64 fp32) and y (32x1) host -> zion:0 over socket 0 -> switch -> OAM 0:
+    # every byte crosses one Gen3 x16 link and one Gen4 x16 link.
+    links = {link["name"]: link for link in report["links"]}
+    h2d = 5 * (32 * 64 + 32) * 4
+    # The model's parameters went to the device once too (.to("zion") of pageable memory).
+    params = (64 * 128 + 128 + 128 + 1) * 4
+    total = h2d + params  # loss.item() waits for the device; it is not modeled as a transfer
+    assert links["pcie_gen3_x16"]["bytes"] == pytest.approx(total)
+    assert links["pcie_gen4_x16"]["bytes"] == pytest.approx(total)
+    assert links["pcie_gen3_x16"]["busy_s"] == pytest.approx(total / 12e9)
+    names = {op["name"] for op in report["top_ops"]}
+    assert "aten::addmm" in names or "aten::mm" in names
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert "zion:0 stream 0" in tracks and "link pcie_gen3_x16" in tracks
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert any(e["name"] == "copy H2D" for e in spans) and any(e["cat"] == "compute" for e in spans)
+
+
+def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
+    script = write(tmp_path, "ar.py", """
+        import os, torch, torch.distributed as dist
+        import zion_emu.distributed  # noqa: F401
+        dist.init_process_group("zion")
+        rank = dist.get_rank()
+        x = torch.ones(1 << 20, device=f"zion:{int(os.environ['LOCAL_RANK'])}")  # 4 MiB
+        for _ in range(3):
+            dist.all_reduce(x)
+        torch.zion.synchronize()
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "report.json"
+    zion_emu_cli("run", "--nproc", "2", "--set", "collectives.algorithm=ring", "--report", str(out), str(script),
+                 timeout=240)
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 2
+    links = {link["name"]: link for link in report["links"]}
+    # A ring all-reduce over n ranks sends 2(n-1)/n of the buffer from every rank, one fabric hop each:
+    # n * 2(n-1)/n * 4 MiB = 8 MiB per all-reduce on 2 ranks, three of them.
+    assert links["fabric"]["bytes"] == pytest.approx(3 * 2 * (4 << 20))
+    top = {op["name"]: op for op in report["top_ops"]}
+    assert top["all_reduce"]["count"] == 6  # three per rank
+    b = report["breakdown"]
+    assert b["communication_exposed_s"] > 0
+
+
+def test_interrupted_run_still_writes_the_partial_report(tmp_path):
+    script = write(tmp_path, "loop.py", """
+        import os, signal, torch
+        model = torch.nn.Linear(8, 8).to("zion")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            model(torch.ones(4, 8, device="zion")).sum().backward()
+            opt.step()
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of training
+        for step in range(1000):
+            opt.step()
+    """)
+    out = tmp_path / "report.json"
+    r = zion_emu_cli("run", "--report", str(out), str(script), check=False)
+    assert r.returncode == 130
+    assert "partial report" in r.stderr
+    report = json.loads(out.read_text())
+    assert report["iterations"] == 3
+    assert report["status"]["ranks"]["0"]["exit"] == "interrupted"
+
+
+def test_an_unwritable_trace_is_reported_and_the_run_still_finishes(tmp_path):
+    script = write(tmp_path, "t.py", TRAIN.format(steps=2))
+    out = tmp_path / "report.json"
+    r = zion_emu_cli("run", "--report", str(out), "--trace", str(tmp_path / "no" / "such" / "dir" / "t.json"), str(script),
+                     check=False)
+    assert r.returncode == 1
+    assert "could not write the trace" in r.stderr
+    assert "final loss" in r.stdout and out.exists()
+
+
+def test_run_rejects_bad_arguments_clearly(tmp_path):
+    r = zion_emu_cli("run", str(tmp_path / "missing.py"), check=False)
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    script = write(tmp_path, "s.py", "print('hi')\n")
+    r = zion_emu_cli("run", "--nproc", "9", str(script), check=False)
+    assert r.returncode == 2 and "8" in r.stderr and "--nnodes" in r.stderr
+    r = zion_emu_cli("run", "--set", "fabric.no_such_field=1", str(script), check=False)
+    assert r.returncode == 2 and "no_such_field" in r.stderr
+
+
+def test_sweep_values_split_at_top_level_commas():
+    assert split_values("ring,fully_connected") == ["ring", "fully_connected"]
+    assert split_values("[0,1],[2,3]") == ["[0,1]", "[2,3]"]
+    assert variants(["a=1,2", "b=x,y"]) == [["a=1", "b=x"], ["a=1", "b=y"], ["a=2", "b=x"], ["a=2", "b=y"]]
+
+
+def test_sweep_compares_fabric_topologies(tmp_path):
+    script = write(tmp_path, "ar.py", """
+        import os, torch, torch.distributed as dist
+        import zion_emu.distributed  # noqa: F401
+        dist.init_process_group("zion")
+        model = torch.nn.Linear(1024, 1024).to(f"zion:{int(os.environ['LOCAL_RANK'])}")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+                dist.all_reduce(p.grad)
+            opt.step()
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "rows.json"
+    r = zion_emu_cli("sweep", "--nproc", "4", "--set", "fabric.topology=fully_connected,ring", "--json", str(out),
+                     str(script), timeout=300)
+    assert "fabric.topology=ring" in r.stdout and "ms/iter" in r.stdout
+    rows = json.loads(out.read_text())
+    assert [row["variant"] for row in rows] == [["fabric.topology=fully_connected"], ["fabric.topology=ring"]]
+    # On a ring, 4 ranks' all-reduces cross more hops than on a fully connected fabric.
+    assert rows[1]["iteration_s"] > rows[0]["iteration_s"]
+
+
+def _losses(text):
+    return [line.split("loss=")[1].split()[0] for line in text.splitlines() if line.startswith("iter=")]
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
+    script = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "cuda_dlrm_reference_style.py")
+    args = ["--num-batches", "3", "--mini-batch-size", "16"]
+    zion = zion_emu_cli("run", "--nproc", str(nproc), "--cuda-compat", script, "--use-gpu", *args, timeout=300)
+    if nproc == 1:
+        cpu = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
+    else:
+        cpu = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              script, *args],
+                             capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                                              "GLOO_SOCKET_IFNAME": "lo"})
+    assert cpu.returncode == 0, cpu.stderr
+    assert _losses(zion.stdout) == _losses(cpu.stdout) and len(_losses(cpu.stdout)) == 3
+    assert "--cuda-compat remapped:" in zion.stdout
+
+
+def test_virtual_clock_makes_the_scripts_own_timing_modeled(tmp_path):
+    script = write(tmp_path, "timed.py", """
+        import time, torch
+        a, b = torch.randn(1024, 2048, device="zion"), torch.randn(2048, 512, device="zion")
+        torch.zion.synchronize()
+        t0 = time.perf_counter()
+        c = a @ b
+        torch.zion.synchronize()
+        print("elapsed", repr(time.perf_counter() - t0))
+    """)
+    r = zion_emu_cli("run", "--virtual-clock", "--quiet-report", str(script))
+    elapsed = float(r.stdout.split("elapsed")[1].split()[0])
+    # zion preset: 15 TFLOP/s fp32 x matmul efficiency 0.6, 5 us launch
+    assert elapsed == pytest.approx(2 * 1024 * 2048 * 512 / (15e12 * 0.6) + 5e-6, rel=1e-9)

@@ -1,0 +1,204 @@
+"""``zion-emu run``: runs a training script on the emulated platform and
+reports how fast it would train there.
+
+One process (``--nproc 1``) or several through torchrun's own launcher
+(``torch.distributed.run``), each running :mod:`zion_emu.launch`. The
+platform (a preset or file plus ``--set`` overrides) is written as one
+complete platform file that every rank loads through ``ZION_PLATFORM``.
+At the end the ranks' snapshots are merged into the report
+(:mod:`zion_emu.report`), printed, and written as JSON, a trace and a plot
+when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zion_emu.cli import CliError, add_platform_arguments, platform_from
+from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
+
+
+def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) -> None:
+    if with_platform:
+        add_platform_arguments(p, one_value_per_set=True)
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="ranks on this node (torchrun --nproc-per-node); each uses zion:LOCAL_RANK")
+    p.add_argument("--nnodes", default="1", metavar="N", help="nodes of the run (torchrun --nnodes)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (torchrun --node-rank)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (torchrun --master-addr)")
+    p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
+    p.add_argument("--cuda-compat", action="store_true",
+                   help="run a script written for CUDA unmodified: cuda devices, torch.cuda.* and nccl map to zion")
+    p.add_argument("--virtual-clock", action="store_true",
+                   help="time.time / perf_counter / monotonic read the modeled host clock inside the script")
+    p.add_argument("--samples-per-iteration", type=int, default=None, metavar="N",
+                   help="samples one optimizer step processes over all ranks, for samples/s in the report")
+    p.add_argument("--report", metavar="OUT.json", default=None, help="write the report as JSON")
+    p.add_argument("--trace", metavar="OUT.json", default=None,
+                   help="write a Chrome/Perfetto trace of the modeled timeline")
+    p.add_argument("--plot", metavar="OUT.png", default=None, help="plot device utilization over modeled time")
+    p.add_argument("--quiet-report", action="store_true", help="do not print the report (still written with --report)")
+    p.add_argument("script", help="the training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run", help="run a training script on the emulated platform and report modeled throughput",
+        description="Runs SCRIPT on zion devices of the modeled platform (several ranks through torchrun) and prints "
+                    "the modeled wall time, time per iteration, samples/s and where the time goes.")
+    add_run_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check(args: argparse.Namespace, platform: Any) -> None:
+    if not Path(args.script).is_file():
+        raise CliError(f"script '{args.script}' does not exist")
+    if args.nproc < 1:
+        raise CliError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > platform.devices_per_node:
+        raise CliError(f"--nproc {args.nproc} is more ranks than platform '{platform.name}' has devices per node "
+                       f"({platform.devices_per_node}); use --nnodes for more nodes")
+    if args.samples_per_iteration is not None and args.samples_per_iteration <= 0:
+        raise CliError(f"--samples-per-iteration must be positive, got {args.samples_per_iteration}")
+    for path, what in ((args.report, "--report"), (args.trace, "--trace"), (args.plot, "--plot")):
+        if path and Path(path).is_dir():
+            raise CliError(f"{what} {path} is a directory; give a file name")
+
+
+def command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The command line that starts the ranks."""
+    rank_main = [sys.executable, "-m", "zion_emu.launch", args.script, *args.script_args]
+    single = args.nproc == 1 and str(args.nnodes) == "1"
+    if single:
+        return rank_main
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+            f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
+            f"--master-port={args.master_port or _free_port()}", "--redirects=0", "--tee=0",
+            "-m", "zion_emu.launch", args.script, *args.script_args]
+
+
+def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subprocess.Popen:
+    env = dict(os.environ)
+    env[RUN_DIR_ENV] = str(run_dir)
+    env["ZION_PLATFORM"] = str(run_dir / "platform.json")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if str(args.nnodes) == "1" and args.master_addr in ("127.0.0.1", "localhost"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
+    return subprocess.Popen(command(args, run_dir), env=env, stdout=stdout)
+
+
+def wait(child: subprocess.Popen) -> tuple[int, bool]:
+    """Waits for the ranks; Ctrl-C reaches them (same process group) and they
+    write partial reports, which this waits for. Returns (code, interrupted)."""
+    interrupted = False
+    while True:
+        try:
+            return child.wait(), interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+            print("zion-emu: interrupted; waiting for the ranks to write their partial reports", file=sys.stderr)
+            try:
+                child.send_signal(signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+
+def gather(run_dir: Path) -> list[dict[str, Any]]:
+    import numpy as np
+
+    snaps = []
+    for path in sorted(run_dir.glob("rank*.json")):
+        snap = json.loads(path.read_text())
+        spans_file = path.with_suffix(".npz")
+        if spans_file.exists():
+            with np.load(spans_file) as z:
+                snap["spans"] = {k: z[k] for k in z.files}
+        snaps.append(snap)
+    return snaps
+
+
+def finish(args: argparse.Namespace, snaps: list[dict[str, Any]], code: int, interrupted: bool) -> tuple[dict | None, int]:
+    """Merges, prints and writes what was asked; returns (report, exit code)."""
+    from zion_emu import report as rep
+    from zion_emu import trace
+
+    if not snaps:
+        print("zion-emu: no rank left a report (see the errors above)", file=sys.stderr)
+        return None, code or 1
+    merged = rep.merge_ranks(snaps)
+    if args.samples_per_iteration:
+        merged["samples_per_iteration"] = args.samples_per_iteration
+    else:
+        declared = [s.get("samples_per_iteration") for s in snaps]
+        merged["samples_per_iteration"] = sum(declared) if all(declared) else None
+    if merged["samples_per_iteration"] and merged["iteration_s"]:
+        merged["samples_per_s"] = merged["samples_per_iteration"] / merged["iteration_s"]
+    merged["status"] = {"exit_code": code, "interrupted": interrupted,
+                        "ranks": {s["rank"]: s.get("status") for s in snaps}}
+    remapped: dict[str, int] = {}
+    for s in snaps:
+        for name, n in ((s.get("status") or {}).get("cuda_compat_remapped") or {}).items():
+            remapped[name] = remapped.get(name, 0) + n
+    if args.cuda_compat:
+        merged["cuda_compat_remapped"] = remapped
+    if not args.quiet_report:
+        text = rep.format_text(merged)
+        if interrupted:
+            text = "(partial: the run was interrupted)\n" + text
+        if remapped:
+            text += "\n\n--cuda-compat remapped: " + ", ".join(f"{k} x{v}" for k, v in sorted(remapped.items()))
+        print(text, flush=True)
+    failed = []
+    for path, what, write in (
+        (args.report, "report", lambda p: rep.write_json(merged, p)),
+        (args.trace, "trace", lambda p: trace.write(snaps, p)),
+        (args.plot, "plot", lambda p: trace.plot_utilization(snaps, p)),
+    ):
+        if not path:
+            continue
+        try:
+            write(path)
+            print(f"zion-emu: wrote the {what} to {path}", file=sys.stderr)
+        except OSError as e:
+            failed.append(what)
+            print(f"zion-emu: error: could not write the {what} to {path}: {e.strerror or e}", file=sys.stderr)
+    return merged, code or (1 if failed else 0)
+
+
+def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[dict | None, int]:
+    """Runs the script as the arguments say; returns (report, exit code).
+    ``stdout``: where the script's output goes (default: this process's)."""
+    platform = platform_from(args)
+    _check(args, platform)
+    run_dir = Path(tempfile.mkdtemp(prefix="zion-run-"))
+    try:
+        (run_dir / "platform.json").write_text(json.dumps(platform.fields))
+        (run_dir / OPTIONS_FILE).write_text(json.dumps({"cuda_compat": args.cuda_compat,
+                                                        "virtual_clock": args.virtual_clock}))
+        child = start(args, run_dir, stdout)
+        code, interrupted = wait(child)
+        return finish(args, gather(run_dir), code, interrupted)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    return execute(args)[1]

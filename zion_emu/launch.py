@@ -1,0 +1,127 @@
+"""What runs in each process that ``python -m zion_emu run`` starts.
+
+``python -m zion_emu.launch script.py args...`` (under torchrun for several
+ranks) turns on what the run's options ask for (span recording always,
+``--cuda-compat``, ``--virtual-clock``), counts optimizer steps as
+iterations, runs the script as ``__main__``, and at exit -- normal, by
+``sys.exit``, by an exception or by Ctrl-C -- leaves this rank's snapshot in
+the run directory (``$ZION_RUN_DIR``) for the launcher to merge.
+
+A script may say how many samples one of its iterations processes on this
+rank with :func:`zion_emu.launch.samples_per_iteration`; the report then
+gives samples/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "ZION_RUN_DIR"
+OPTIONS_FILE = "options.json"
+
+_samples: int | None = None
+
+
+def samples_per_iteration(n: int) -> None:
+    """Declares the samples one iteration processes on this rank (the
+    report's samples/s sums them over ranks). A no-op outside a run."""
+    global _samples
+    if int(n) <= 0:
+        raise ValueError(f"samples_per_iteration must be positive, got {n}")
+    _samples = int(n)
+
+
+class _StepClock:
+    """Modeled host time of each optimizer step, per optimizer; the one that
+    steps most often paces the iterations."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, list[float]] = {}
+
+    def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        from zion_emu import clock
+
+        self.steps.setdefault(id(optimizer), []).append(clock())
+
+    def times(self) -> list[float]:
+        return max(self.steps.values(), key=len, default=[])
+
+
+def _write_snapshot(run_dir: Path, rank: int, steps: _StepClock, status: dict[str, Any]) -> None:
+    import numpy as np
+
+    from zion_emu import report
+
+    snap = report.snapshot(rank, report.Iterations(steps.times(), _samples))
+    spans = snap.pop("spans")
+    snap["status"] = status
+    np.savez(run_dir / f"rank{rank}.npz", **spans)
+    tmp = run_dir / f"rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(snap))
+    os.replace(tmp, run_dir / f"rank{rank}.json")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m zion_emu.launch script.py [args...]", file=sys.stderr)
+        return 2
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    options = json.loads((run_dir / OPTIONS_FILE).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    import zion_emu  # noqa: F401  (the device, the platform from $ZION_PLATFORM)
+    from zion_emu import report
+
+    report.start_recording(options.get("max_spans", report.DEFAULT_MAX_SPANS))
+    compat = None
+    if options.get("cuda_compat"):
+        from zion_emu import cuda_compat
+
+        compat = cuda_compat.enable()
+    if options.get("virtual_clock"):
+        from zion_emu import virtual_clock
+
+        virtual_clock.enable()
+    steps = _StepClock()
+    register_optimizer_step_post_hook(steps.hook)
+
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    status: dict[str, Any] = {"exit": "ok", "code": 0}
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        status = {"exit": "sys.exit", "code": code}
+    except KeyboardInterrupt:
+        code = 130
+        status = {"exit": "interrupted", "code": code}
+        print(f"zion-emu: rank {rank} interrupted; writing the partial report", file=sys.stderr)
+    except BaseException as e:  # the script failed: its traceback, then the partial report
+        traceback.print_exc()
+        code = 1
+        status = {"exit": "exception", "code": code, "error": f"{type(e).__name__}: {e}"}
+    if compat is not None:
+        status["cuda_compat_remapped"] = compat.remapped()
+    try:
+        _write_snapshot(run_dir, rank, steps, status)
+    except Exception as e:  # the report is lost, the script's result is not
+        print(f"zion-emu: rank {rank} could not write its report: {type(e).__name__}: {e}", file=sys.stderr)
+        code = code or 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
