@@ -140,3 +140,25 @@ def test_bare_import_torch_is_enough():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["zion:0", "6.0"]
+
+
+def test_host_blocks_of_kernel_outputs_are_kept_for_reuse_and_freed_by_empty_cache():
+    # A zion op's CPU kernel allocates its output (here 1 MiB) from host blocks that are kept when the
+    # tensor dies, so the next step reuses the same bytes instead of faulting in fresh pages. CPU eager
+    # allocations are not touched, and the HBM pool accounts for the tensor either way.
+    torch.zion.empty_cache()
+    assert _C.device.kernel_host_cached_bytes() == 0
+    x = torch.ones(1 << 18, device="zion")
+    y = x.exp()
+    ptr, used = y.data_ptr(), torch.zion.memory_allocated()
+    del y
+    assert _C.device.kernel_host_cached_bytes() == 1 << 20
+    assert torch.zion.memory_allocated() == used - (1 << 20)
+    y = x.exp()
+    assert y.data_ptr() == ptr and _C.device.kernel_host_cached_bytes() == 0
+    del y
+    on_cpu = torch.ones(1 << 18).exp()
+    del on_cpu
+    assert _C.device.kernel_host_cached_bytes() == 1 << 20
+    torch.zion.empty_cache()
+    assert _C.device.kernel_host_cached_bytes() == 0

@@ -295,3 +295,60 @@ def test_guessed_ops_are_reported_by_name():
 
 def test_device_capability_is_answered():
     assert isinstance(torch.accelerator.get_device_capability(), dict)
+
+
+# What the API list asks for and no test above shows
+def test_manual_seed_all_and_seed_all_reach_every_device():
+    torch.zion.manual_seed_all(21)
+    draws = [torch.rand(3, device=f"zion:{i}").cpu() for i in range(8)]
+    expected = torch.rand(3, generator=torch.Generator().manual_seed(21))
+    assert all(torch.equal(d, expected) for d in draws)
+    assert all(g.initial_seed() == 21 for g in torch.zion.default_generators)
+    torch.zion.seed_all()  # fresh seeds: no device keeps 21
+    assert all(g.initial_seed() != 21 for g in torch.zion.default_generators)
+
+
+def test_every_device_argument_is_range_checked_with_the_same_message():
+    message = r"device index 8 is out of range; platform 'zion' has 8 devices per node \(zion:0 \.\. zion:7\)"
+    for call in (lambda: torch.zion.get_device_properties(8), lambda: torch.zion.memory_allocated("zion:8"),
+                 lambda: torch.zion.synchronize(8), lambda: torch.zion.device(8), lambda: torch.zion.Stream(8),
+                 lambda: torch.zion.get_rng_state(8), lambda: torch.zion.get_device_name("zion:8")):
+        with pytest.raises(IndexError, match=message):
+            call()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.accelerator.set_device_index(8)
+    with pytest.raises(ValueError, match="expected a zion device, got cpu"):
+        torch.zion.set_device("cpu")
+
+
+def test_mixing_devices_is_refused_in_either_order_and_across_zion_devices():
+    same_device = "Expected all tensors to be on the same device, but found at least two devices"
+    with pytest.raises(RuntimeError, match=same_device + r", zion:0 and cpu"):
+        torch.mul(torch.ones(3, device="zion"), torch.ones(3))
+    with pytest.raises(RuntimeError, match=same_device):
+        torch.ones(3) + torch.ones(3, device="zion")
+    with pytest.raises(RuntimeError, match=same_device + r", zion:0 and zion:1"):
+        torch.ones(3, device="zion:0") + torch.ones(3, device="zion:1")
+    # 0-dim CPU tensors are scalars, as with CUDA, on either side and in place.
+    z = torch.ones(3, device="zion")
+    assert (torch.tensor(2.0) * z).cpu().tolist() == [2.0] * 3
+    z.add_(torch.tensor(1.0))
+    assert z.cpu().tolist() == [2.0] * 3
+
+
+def test_synchronize_device_event_and_stream_all_bring_the_host_clock_forward():
+    a = torch.randn(512, 512, device="zion:3")
+    torch.zion.synchronize(3)
+    on_device = 2 * 512**3 / 9e12  # the matmul, after its 5 us launch
+    for wait in (lambda e, s: torch.zion.synchronize("zion:3"), lambda e, s: e.synchronize(),
+                 lambda e, s: s.synchronize()):
+        with torch.zion.device(3):
+            start = clock()
+            s = torch.zion.current_stream()
+            a @ a
+            e = torch.zion.Event()
+            e.record()
+            assert not e.query()  # the host is only past the launch
+            wait(e, s)
+            assert e.query()
+            assert clock() == pytest.approx(start + 5e-6 + on_device, rel=1e-9)

@@ -261,3 +261,41 @@ def test_invalid_unit_names_the_field() -> None:
     unit = sim.ComputeUnit("oam", peak_flops={"fp32": 1e12}, memory_bandwidth=0.0)
     with pytest.raises(ValueError, match="oam.memory_bandwidth"):
         sim.OpCostModel(unit)
+
+
+def test_transposed_convolution_counts_its_input_positions(oam: sim.OpCostModel) -> None:
+    # conv_transpose2d: input [2, 8, 5, 5], weight [8, 4, 3, 3] (C_in 8, C_out 4), stride 2, padding 1,
+    # output_padding 1 -> output [2, 4, 10, 10]. It is the input gradient of Conv2d(4, 8, 3, stride 2,
+    # padding 1) on [2, 4, 10, 10] -> [2, 8, 5, 5], whose FLOPs are 2 * 2 * (5 * 5) * (8 * 4 * 3 * 3) = 28800.
+    # Counted over the output's 10 x 10 positions, as a forward convolution, it would be 4x that: 115200.
+    call = sim.OpCall("aten::convolution", [T([2, 8, 5, 5]), T([8, 4, 3, 3])], [T([2, 4, 10, 10])], int_args=[1])
+    assert oam.cost(call).work.flops == 28800
+    assert oam.cost(sim.OpCall("aten::conv_transpose2d", call.inputs, call.outputs)).work.flops == 28800
+    # Backward, grad_input and grad_weight: two of them; grad_weight alone: one.
+    backward = sim.OpCall("aten::convolution_backward", [T([2, 4, 10, 10]), T([2, 8, 5, 5]), T([8, 4, 3, 3])],
+                          [T([2, 8, 5, 5]), T([8, 4, 3, 3])], int_args=[1, 1, 1, 0])
+    assert oam.cost(backward).work.flops == 2 * 28800
+    backward.int_args = [1, 0, 1, 0]
+    assert oam.cost(backward).work.flops == 28800
+
+
+def test_transposed_convolution_on_zion_is_priced_as_one() -> None:
+    # The same shapes run on the device: the counters see the 28800 FLOPs worked out above, and the
+    # backward pass (grad_input and grad_weight; no bias) twice that.
+    import torch
+
+    from zion_emu.virtual_time import counters
+
+    x = torch.randn(2, 8, 5, 5, device="zion:7", requires_grad=True)
+    w = torch.randn(8, 4, 3, 3, device="zion:7", requires_grad=True)
+    before = counters(7).flops
+    y = torch.nn.functional.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1)
+    assert y.shape == (2, 4, 10, 10)
+    assert counters(7).flops - before == 28800
+    grad = torch.ones_like(y)
+    before = counters(7).flops
+    y.backward(grad)
+    assert counters(7).flops - before == 2 * 28800
+    expected = torch.nn.functional.conv_transpose2d(x.detach().cpu(), w.detach().cpu(), stride=2, padding=1,
+                                                    output_padding=1)
+    assert torch.equal(y.detach().cpu(), expected)

@@ -5,6 +5,8 @@ module ``torch.zion``, and the generated Tensor methods (``.zion()``,
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 _done = False
@@ -22,5 +24,10 @@ def register() -> None:
     torch._register_device_module("zion", zion_device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from zion_emu import distributed  # noqa: F401  (registers the "zion" torch.distributed backend)
+
+    # Before finalization: autograd's zion worker threads must not be holding
+    # a finished backward pass (and its Python objects) when the interpreter
+    # goes away, or the process aborts at exit.
+    atexit.register(_C.device.drain_autograd_threads)
 
     _done = True

@@ -274,6 +274,12 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     _native.reset_peak_memory_stats(_index(device))
 
 
+def empty_cache() -> None:
+    """Frees the host blocks kept for reuse by the CPU kernels of zion ops.
+    The HBM pools cache nothing, so memory_reserved does not change."""
+    torch.accelerator.empty_cache()
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     raw = _native.memory_stats(_index(device))
     return raw["capacity"] - raw["allocated_bytes"]["current"], raw["capacity"]

@@ -111,6 +111,8 @@ void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
 
 c10::DeleterFnPtr HbmAllocator::raw_deleter() const { return nullptr; }
 
+void HbmAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) { kernel_host_memory().release_cached(); }
+
 void HbmAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   if (count) std::memcpy(dest, src, count);
 }
@@ -154,5 +156,96 @@ int64_t HbmAllocator::capacity(c10::DeviceIndex device) const {
 
 // The allocator of every zion tensor.
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator());
+
+namespace {
+thread_local bool t_zion_kernel = false;
+}  // namespace
+
+KernelHostMemory::Scope::Scope() : previous_(t_zion_kernel) { t_zion_kernel = true; }
+KernelHostMemory::Scope::~Scope() { t_zion_kernel = previous_; }
+
+KernelHostMemory& kernel_host_memory() {
+  // Never destroyed: CPU tensors may be freed after static destructors ran.
+  static KernelHostMemory* instance = [] {
+    auto* cache = new KernelHostMemory(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(cache, /*priority=*/1);
+    return cache;
+  }();
+  return *instance;
+}
+
+c10::DataPtr KernelHostMemory::allocate(size_t nbytes) {
+  if (!t_zion_kernel || nbytes < kMinBytes) return cpu_->allocate(nbytes);
+  void* ptr = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cached_.find(nbytes);
+    if (it != cached_.end() && !it->second.empty()) {
+      ptr = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= nbytes;
+      in_use_.emplace(ptr, nbytes);
+    }
+  }
+  if (!ptr) {
+    ptr = c10::alloc_cpu(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_use_.emplace(ptr, nbytes);
+  }
+  // Context = data, as the wrapped allocator's: raw_allocate and clone work alike.
+  return {ptr, ptr, &free_block, c10::Device(c10::DeviceType::CPU)};
+}
+
+void KernelHostMemory::free_block(void* ptr) { kernel_host_memory().give_back(ptr); }
+
+void KernelHostMemory::give_back(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = in_use_.find(ptr);
+    if (it != in_use_.end()) {
+      size_t nbytes = it->second;
+      in_use_.erase(it);
+      if (cached_bytes_ + nbytes <= kMaxCachedBytes) {
+        cached_[nbytes].push_back(ptr);
+        cached_bytes_ += nbytes;
+        return;
+      }
+      c10::free_cpu(ptr);  // the cache is full
+      return;
+    }
+  }
+  // Not one of ours: raw_allocate outside a zion kernel, from the wrapped allocator.
+  c10::DeleterFnPtr cpu_deleter = cpu_->raw_deleter();
+  if (cpu_deleter) {
+    cpu_deleter(ptr);
+  } else {
+    c10::free_cpu(ptr);
+  }
+}
+
+c10::DeleterFnPtr KernelHostMemory::raw_deleter() const { return &free_block; }
+
+void KernelHostMemory::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count) std::memcpy(dest, src, count);
+}
+
+void KernelHostMemory::release_cached() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [nbytes, blocks] : cached_) {
+    for (void* ptr : blocks) c10::free_cpu(ptr);
+  }
+  cached_.clear();
+  cached_bytes_ = 0;
+}
+
+size_t KernelHostMemory::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_bytes_;
+}
+
+namespace {
+// Installed with the library, before any zion op runs.
+const bool kernel_host_memory_installed = (kernel_host_memory(), true);
+}  // namespace
 
 }  // namespace zion::device

@@ -8,6 +8,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "sim/platform.h"
@@ -24,7 +25,8 @@ class HbmAllocator final : public c10::DeviceAllocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   bool initialized() override { return true; }
-  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override {}
+  // Pools keep no cache; the host blocks kept for CPU kernels are freed.
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
@@ -52,5 +54,55 @@ class HbmAllocator final : public c10::DeviceAllocator {
 };
 
 HbmAllocator& allocator();
+
+// Host bytes of the CPU kernels that run zion ops. Their outputs become zion
+// tensors (adopted without copying), and a training step frees and asks for
+// the same large sizes again at every step. From malloc each such block
+// would be fresh pages: autograd runs zion's backward on a worker thread
+// whose malloc arena returns freed memory to the kernel, so every step
+// faulted its gradients in anew. Large blocks asked for while a zion op's
+// CPU kernel runs are kept here when freed and handed out again by size, as
+// a device's caching allocator would; every other CPU allocation goes to the
+// allocator this one wraps, untouched. It is installed as the CPU allocator.
+class KernelHostMemory final : public c10::Allocator {
+ public:
+  explicit KernelHostMemory(c10::Allocator* cpu) : cpu_(cpu) {}
+
+  // Makes allocations on this thread come from the cache while it lives.
+  class Scope {
+   public:
+    Scope();
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    bool previous_;
+  };
+
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  // Frees the blocks kept for reuse (torch.zion.empty_cache).
+  void release_cached();
+  size_t cached_bytes() const;
+
+  // Blocks smaller than this come from malloc's bins, which reuse them without faults.
+  static constexpr size_t kMinBytes = size_t{64} << 10;
+  // At most this many freed bytes are kept; beyond it a freed block goes back at once.
+  static constexpr size_t kMaxCachedBytes = size_t{512} << 20;
+
+ private:
+  static void free_block(void* ptr);
+  void give_back(void* ptr);
+
+  c10::Allocator* cpu_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> in_use_;                // block -> size
+  std::unordered_map<size_t, std::vector<void*>> cached_;  // size -> freed blocks
+  size_t cached_bytes_ = 0;
+};
+
+KernelHostMemory& kernel_host_memory();
 
 }  // namespace zion::device

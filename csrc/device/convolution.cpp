@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "device/allocator.h"
 #include "device/op_pricing.h"
 #include "device/runtime.h"
 #include "device/tensor_alias.h"
@@ -36,10 +37,14 @@ at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& w
     cpu_bias = aliases.alias(*bias);
     inputs.push_back(*cpu_bias);
   }
+  KernelHostMemory::Scope kernel_memory;
   at::Tensor out = at::convolution(inputs[0], inputs[1], cpu_bias, stride, padding, dilation, transposed,
                                    output_padding, groups);
   std::vector<at::Tensor> outputs{aliases.to_zion(out)};
-  charge_op(op, input.device().index(), inputs, outputs);
+  // The formula counts a transposed convolution over its input's positions
+  // (the forward convolution whose input gradient it is), so it must know.
+  const int64_t int_args[] = {transposed ? 1 : 0};
+  charge_op(op, input.device().index(), inputs, outputs, int_args);
   return outputs[0];
 }
 
@@ -52,12 +57,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   std::vector<at::Tensor> inputs{aliases.alias(grad_output), aliases.alias(input), aliases.alias(weight)};
   // The bias gradient sums grad_output over all but the channel dimension.
   const int64_t bias_size = grad_output.size(1);
+  KernelHostMemory::Scope kernel_memory;
   auto [grad_input, grad_weight, grad_bias] =
       at::convolution_backward(inputs[0], inputs[1], inputs[2], c10::IntArrayRef(bias_size), stride, padding,
                                dilation, transposed, output_padding, groups, output_mask);
   std::vector<at::Tensor> outputs{aliases.to_zion(grad_input), aliases.to_zion(grad_weight),
                                   aliases.to_zion(grad_bias)};
-  charge_op(op, input.device().index(), inputs, outputs);
+  // Which gradients were asked for decides how many convolutions run.
+  const int64_t int_args[] = {transposed ? 1 : 0, output_mask[0] ? 1 : 0, output_mask[1] ? 1 : 0,
+                              output_mask[2] ? 1 : 0};
+  charge_op(op, input.device().index(), inputs, outputs, int_args);
   return {outputs[0], outputs[1], outputs[2]};
 }
 

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/allocator.h"
 #include "device/generator.h"
 #include "device/op_pricing.h"
 #include "device/runtime.h"
@@ -207,7 +208,10 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   {
     DeviceScope scope(call.device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    {
+      KernelHostMemory::Scope kernel_memory;
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    }
 
     call.aliases.commit();
     for (const at::Tensor& alias : written) {

@@ -56,7 +56,7 @@ void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& 
 }  // namespace
 
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs) {
+               const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args) {
   Runtime& rt = runtime();
   // Per thread: no lock on the hot path. Keyed by the operator's schema,
   // which lives as long as the operator is registered.
@@ -73,6 +73,7 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
     p.label = rt.timeline.label(p.name);
   }
   call.name = p.name;
+  call.int_args.assign(int_args.begin(), int_args.end());
   charge(rt, call, p.formula, p.label, device, inputs, outputs);
 }
 

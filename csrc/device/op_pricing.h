@@ -10,11 +10,13 @@
 
 namespace zion::device {
 
-// `inputs` and `outputs` are the op's tensors (zion or their CPU aliases).
-// The operator's name and formula are looked up once per operator and
-// cached; the call itself allocates nothing in steady state.
+// `inputs` and `outputs` are the op's tensors (zion or their CPU aliases);
+// `int_args` the non-tensor arguments its formula reads (op_formulas.cpp
+// documents them per formula, e.g. `transposed` of a convolution). The
+// operator's name and formula are looked up once per operator and cached;
+// the call itself allocates nothing in steady state.
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs);
+               const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args = {});
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs);
 

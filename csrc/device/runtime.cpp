@@ -1,6 +1,9 @@
 #include "device/runtime.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -88,6 +91,29 @@ c10::DeviceIndex current_device() { return t_current_device; }
 void set_current_device(c10::DeviceIndex index) {
   check_device(index);
   t_current_device = index;
+}
+
+}  // namespace zion::device
+
+namespace zion::device {
+
+void drain_autograd_threads() {
+  if (!initialized()) return;  // no zion tensor was made, so no zion backward ran
+  // Each device's worker thread takes tasks from its queue in order and lets
+  // go of one backward pass before it takes the next task. A backward pass
+  // of our own, through one view op on the device, therefore returns only
+  // once the user's last pass there is released; ours holds no Python
+  // objects (made here, never seen by Python), so dropping it is harmless.
+  torch::autograd::AutoGradMode enable_grad(true);
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    try {
+      auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, d));
+      at::Tensor leaf = at::empty({}, options).requires_grad_(true);
+      torch::autograd::backward({leaf.alias()}, {at::empty({}, options)});
+    } catch (const c10::Error&) {
+      // A full HBM pool cannot hold the 4 bytes: that device is left as it is.
+    }
+  }
 }
 
 }  // namespace zion::device

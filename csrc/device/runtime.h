@@ -49,4 +49,11 @@ void set_current_device(c10::DeviceIndex index);
 // Throws an error naming the allowed range for an index that is not a device.
 void check_device(c10::DeviceIndex index);
 
+// Waits until autograd's worker thread of every zion device has let go of
+// the last backward pass it ran. Call before the interpreter finalizes, with
+// the GIL released: a worker may still hold that pass, whose saved thread
+// state keeps Python objects; dropped after finalization has begun, they
+// would make the worker take the GIL and abort the process.
+void drain_autograd_threads();
+
 }  // namespace zion::device

@@ -77,6 +77,8 @@ void bind_device(py::module_& m) {
         py::arg("name"));
   d.def("formula_names", [] { return device::runtime().cost->formula_names(); });
   d.def("initialized", &device::initialized);
+  d.def("drain_autograd_threads", &device::drain_autograd_threads, py::call_guard<py::gil_scoped_release>(),
+        "Waits until autograd's zion worker threads hold no finished backward pass (run at interpreter exit)");
   d.def("device_count", [] { return static_cast<int>(device::device_count()); });
   d.def("current_device", [] { return static_cast<int>(device::current_device()); });
   d.def("set_device", [](int index) { device::set_current_device(static_cast<c10::DeviceIndex>(index)); }, py::arg("index"));
@@ -98,6 +100,8 @@ void bind_device(py::module_& m) {
     device::check_device(static_cast<c10::DeviceIndex>(index));
     device::allocator().resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }, py::arg("index"));
+  d.def("kernel_host_cached_bytes", [] { return device::kernel_host_memory().cached_bytes(); },
+        "Freed host bytes of zion ops' CPU kernels kept for reuse (freed by torch.zion.empty_cache)");
   d.def("host_time", [] { return device::runtime().timeline.host(); }, "The host's virtual clock, seconds");
   d.def("stream_time", [](int index, int stream) {
     return device::runtime().timeline.stream_time(index, stream);
