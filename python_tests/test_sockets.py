@@ -154,3 +154,14 @@ def test_zion_socket_environment_places_the_whole_process(tmp_path):
                        env={**__import__("os").environ, "ZION_SOCKET": "6"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "6"
+
+
+def test_memory_stats_show_ddr_per_socket_beside_hbm():
+    before = torch.zion.memory_stats()["ddr.socket_3.in_use_bytes"]
+    with zion_emu.socket(3):
+        x = torch.empty(1 << 18)  # 1 MiB
+    stats = torch.zion.memory_stats()
+    assert stats["ddr.socket_3.in_use_bytes"] == before + (1 << 20)
+    assert stats["ddr.socket_3.capacity_bytes"] == 384 << 30
+    assert "allocated_bytes.all.current" in stats and stats["capacity_bytes"] == 32 << 30
+    del x

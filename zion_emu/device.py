@@ -247,10 +247,18 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
 # Memory, as torch.cuda reports it.
 def memory_stats(device: Any = None) -> dict[str, int]:
     """torch.cuda.memory_stats' keys (from the same allocator statistics
-    torch.accelerator reads), plus ``capacity_bytes``: the device's HBM."""
+    torch.accelerator reads), plus ``capacity_bytes``: the device's HBM; and
+    beside it the DDR of every CPU socket (pinned memory and tensors placed
+    by zion_emu.socket): ``ddr.socket_<i>.{in_use,peak,capacity}_bytes``."""
     index = _index(device)
     out = dict(torch.accelerator.memory_stats(index))
     out["capacity_bytes"] = _native.memory_stats(index)["capacity"]
+    host = _C.host_memory
+    for s in range(host.sockets()):
+        ddr = host.stats(s)
+        out[f"ddr.socket_{s}.in_use_bytes"] = ddr["in_use"]
+        out[f"ddr.socket_{s}.peak_bytes"] = ddr["peak"]
+        out[f"ddr.socket_{s}.capacity_bytes"] = ddr["capacity"]
     return out
 
 

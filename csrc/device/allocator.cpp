@@ -164,6 +164,8 @@ thread_local bool t_zion_kernel = false;
 KernelHostMemory::Scope::Scope() : previous_(t_zion_kernel) { t_zion_kernel = true; }
 KernelHostMemory::Scope::~Scope() { t_zion_kernel = previous_; }
 
+bool KernelHostMemory::in_zion_kernel() { return t_zion_kernel; }
+
 KernelHostMemory& kernel_host_memory() {
   // Never destroyed: CPU tensors may be freed after static destructors ran.
   static KernelHostMemory* instance = [] {

@@ -86,6 +86,8 @@ class KernelHostMemory final : public c10::Allocator {
   // Frees the blocks kept for reuse (torch.zion.empty_cache).
   void release_cached();
   size_t cached_bytes() const;
+  // Whether this thread is inside a zion op's CPU kernel (a Scope lives).
+  static bool in_zion_kernel();
 
   // Blocks smaller than this come from malloc's bins, which reuse them without faults.
   static constexpr size_t kMinBytes = size_t{64} << 10;

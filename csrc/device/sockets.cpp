@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/allocator.h"
 #include "device/host_memory.h"
 #include "device/runtime.h"
 
@@ -32,7 +33,8 @@ class SocketCpuAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t nbytes) override {
     int socket = scoped_socket();
-    if (socket < 0) return base_->allocate(nbytes);
+    // A zion op's CPU kernel works in device memory; its scratch is not the socket's.
+    if (socket < 0 || KernelHostMemory::in_zion_kernel()) return base_->allocate(nbytes);
     return pinned_allocator().allocate_on(socket, nbytes, /*pinned=*/false);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_cpu; }
