@@ -29,3 +29,6 @@ from zion_emu.virtual_time import DeviceCounters, clock, counters, reset_clock  
 
 __all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
             "set_platform"]
+from zion_emu.state import load_state_dict, state_dict  # noqa: E402
+
+__all__ += ["load_state_dict", "state_dict"]
