@@ -10,6 +10,7 @@ platform, ASTRA-sim inputs, and a trace that cannot be written.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -112,9 +113,9 @@ def test_an_oam_list_naming_a_missing_oam_gives_the_allowed_range():
         zion_emu.load_platform("zion", overrides={"oam.count": 2})
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="the loader checks a bandwidth is finite as written (GB/s), not after "
-                                       "conversion to bytes/s; near 1e300 GB/s it overflows and the link model "
-                                       "fails with a RuntimeError")
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="the loader checks a bandwidth is finite as written (GB/s), not after conversion to "
+                          "bytes/s; near 1e300 GB/s it overflows and the link model fails with a RuntimeError")
 def test_a_bandwidth_that_overflows_bytes_per_second_is_refused_at_load():
     with pytest.raises(ConfigError, match="fabric.link_bandwidth_gb_per_s"):
         platform = zion_emu.load_platform("zion", overrides={"fabric.link_bandwidth_gb_per_s": 1e308})
@@ -146,20 +147,22 @@ def script(tmp_path: Path) -> Path:
     ("oam.hbm_bytes=lots", r"'oam.hbm_bytes' must be a positive integer number of bytes, got \"lots\""),
     ("oam.hbm_bytes", r"override 'oam.hbm_bytes' must look like path.to.field=value \(e.g. fabric.topology=ring\)"),
 ])
-def test_cli_set_errors_name_the_field_and_what_is_allowed(command, assignment, message, script):
+def test_cli_set_errors_name_the_field_and_what_is_allowed(command, assignment, message, script, capsys):
+    from zion_emu.__main__ import main
+
     args = ["info", "--set", assignment] if command == "info" else ["run", "--set", assignment, str(script)]
-    proc = _cli(*args)
-    assert proc.returncode != 0
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "script finished" not in out  # refused before the script runs
+    assert re.fullmatch(r"zion-emu: error: .*" + message + r".*\n", err), err
+
+
+def test_cli_errors_from_a_real_process_are_one_line_and_exit_code_2(script):
+    """The same, end to end through ``python -m zion_emu``: no traceback."""
+    proc = _cli("run", "--platform", "zion3", "--set", "oam.hbm_bytes=lots", str(script))
+    assert proc.returncode == 2 and "script finished" not in proc.stdout
+    assert proc.stderr.startswith("zion-emu: error: unknown platform 'zion3'; presets: "), proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "script finished" not in proc.stdout  # refused before the script runs
-    import re
-    assert re.search(r"zion-emu: error: .*" + message, proc.stderr), proc.stderr
-
-
-def test_cli_unknown_platform_lists_the_presets():
-    proc = _cli("info", "--platform", "zion3")
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "unknown platform 'zion3'; presets: " in proc.stderr
 
 
 def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(script, tmp_path):
@@ -202,8 +205,9 @@ def test_a_zion_tensor_with_a_cpu_tensor_names_both_devices():
 
 def test_an_op_with_only_a_cuda_kernel_names_the_op_and_why():
     q = torch.ones(1, 4, 2, 8, device="zion")
-    with pytest.raises(NotImplementedError, match=r"zion: operator aten::_flash_attention_forward is not supported on "
-                                                  r"zion: zion runs each op through its CPU kernel, and this op has none"):
+    with pytest.raises(NotImplementedError, match=r"zion: operator aten::_flash_attention_forward is not supported "
+                                                  r"on zion: zion runs each op through its CPU kernel, and this op "
+                                                  r"has none"):
         torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.0, False, False)
 
 
@@ -257,11 +261,13 @@ def test_a_cost_formula_for_an_op_torch_does_not_know_is_refused():
     ("topology: [Ring\n", r"ASTRA-sim input network: not valid YAML"),
     ("- 1\n- 2\n", r"expected a mapping with topology, npus_count, bandwidth, latency"),
     ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\n", r"'latency'"),
-    ("topology: [Torus]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n", r"'topology'.*Ring, FullyConnected, Switch"),
+    ("topology: [Torus]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n",
+     r"'topology'.*Ring, FullyConnected, Switch"),
     ("topology: [Ring]\nnpus_count: [four]\nbandwidth: [50]\nlatency: [500]\n", r"'npus_count' must hold numbers"),
     ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [.nan]\n", r"'latency' must hold finite numbers"),
     ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [.inf]\nlatency: [5]\n", r"'bandwidth' must hold finite numbers"),
-    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [0]\nlatency: [5]\n", r"'bandwidth' must be a finite number > 0"),
+    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [0]\nlatency: [5]\n",
+     r"'bandwidth' must be > 0 GB/s and finite, got 0"),
     ("topology: [Ring, Ring]\nnpus_count: [4]\nbandwidth: [5, 5]\nlatency: [5, 5]\n",
      r"'npus_count' has 1 entries but topology has 2 dimensions"),
 ])

@@ -130,10 +130,10 @@ def parse_network(text: str, origin: str = "network") -> AstraNetwork:
             _fail(origin, "npus_count", f"must be >= 2 per dimension, got {n}")
     for b in net.bandwidth_gbps:
         if not 0 < b < math.inf:  # NaN fails too
-            _fail(origin, "bandwidth", f"must be a finite number > 0 GB/s, got {b}")
+            _fail(origin, "bandwidth", f"must be > 0 GB/s and finite, got {b}")
     for lat in net.latency_ns:
         if not 0 <= lat < math.inf:
-            _fail(origin, "latency", f"must be a finite number >= 0 ns, got {lat}")
+            _fail(origin, "latency", f"must be >= 0 ns and finite, got {lat}")
     if net.npus > 1 << 16:
         _fail(origin, "npus_count", f"multiplies to {net.npus} NPUs; at most 65536 are supported")
     return net

@@ -4,17 +4,27 @@ continues its modeled clock exactly where it stopped.
 
 ``state_dict()`` holds the host's clock, every stream's clock, each device's
 counters (FLOPs, bytes, busy time per activity, op counts), the traffic per
-link class, the busy time per label (operator, copy, collective), each
-device's HBM peak statistics and the zion generators' states. It is plain
-Python data (floats, ints, lists, dicts, CPU tensors), so ``torch.save`` of a
-dict holding it next to a model's and an optimizer's state needs nothing else.
+link class, the busy time per label (operator, copy, collective), when each
+link is free of the copies queued on it, each device's HBM peak statistics
+and the zion generators' states. It is plain Python data (floats, ints,
+lists, dicts, CPU tensors), so ``torch.save`` of a dict holding it next to a
+model's and an optimizer's state needs nothing else.
 
 ``load_state_dict(sd)`` puts it back, on the same platform: the clocks and
 counters are replaced, the peaks of HBM use become at least the saved ones
 (current use is what the live tensors hold) and the generators are restored.
-Streams created after the restore start at the restored host clock. Not
-saved: recorded trace spans, the per-op table of ``cost.guessed_ops`` (the
-counters keep their total) and the pinned host-memory pools.
+Streams created after the restore start at the restored host clock.
+
+Take the snapshot before ``torch.save`` serializes zion tensors (their copies
+to the host are then not part of the run), and call ``load_state_dict`` after
+the model and optimizer are loaded (their copies are not either). Note that
+``torch.load(..., map_location="zion")`` also moves an optimizer's step
+counters (Adagrad, Adam) to zion, where it reads them back every step;
+moving them back to the CPU, where the optimizer keeps them, makes the
+resumed run time exactly like the uninterrupted one.
+
+Not saved: recorded trace spans, the per-op table of ``cost.guessed_ops``
+(the counters keep their total) and the pinned host-memory pools.
 """
 
 from __future__ import annotations
@@ -79,7 +89,8 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
         raise ValueError(f"zion_emu.load_state_dict: 'memory' must hold one entry per device ({count})")
     if (not isinstance(rng, (list, tuple)) or len(rng) != count
             or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng)):
-        raise ValueError(f"zion_emu.load_state_dict: 'rng' must hold one generator state (a uint8 tensor) per device ({count})")
+        raise ValueError("zion_emu.load_state_dict: 'rng' must hold one generator state (a uint8 tensor) "
+                         f"per device ({count})")
     peaks = []
     for index, entry in enumerate(memory):
         try:
