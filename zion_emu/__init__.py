@@ -30,6 +30,9 @@ from zion_emu.sockets import socket  # noqa: E402
 
 __all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
             "set_platform", "socket"]
+from zion_emu.state import load_state_dict, state_dict  # noqa: E402
+
+__all__ += ["load_state_dict", "state_dict"]
 
 from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
 

@@ -9,6 +9,7 @@ GB = 2^30 bytes, ``latency`` in ns; ``local-mem-bw`` in GB/s with GB = 10^9;
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,12 @@ def _list_of(doc: dict[str, Any], key: str, kind: type, origin: str) -> list[Any
         else:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 _fail(origin, key, f"must hold numbers, got {v!r}")
+            try:
+                finite = math.isfinite(v)
+            except OverflowError:  # an int beyond any float
+                finite = False
+            if not finite:
+                _fail(origin, key, f"must hold finite numbers, got {v!r}")
             if kind is int and int(v) != v:
                 _fail(origin, key, f"must hold whole numbers, got {v!r}")
             out.append(kind(v))
@@ -122,11 +129,11 @@ def parse_network(text: str, origin: str = "network") -> AstraNetwork:
         if n < 2:
             _fail(origin, "npus_count", f"must be >= 2 per dimension, got {n}")
     for b in net.bandwidth_gbps:
-        if not b > 0:
-            _fail(origin, "bandwidth", f"must be > 0 GB/s, got {b}")
+        if not 0 < b < math.inf:  # NaN fails too
+            _fail(origin, "bandwidth", f"must be > 0 GB/s and finite, got {b}")
     for lat in net.latency_ns:
-        if lat < 0:
-            _fail(origin, "latency", f"must be >= 0 ns, got {lat}")
+        if not 0 <= lat < math.inf:
+            _fail(origin, "latency", f"must be >= 0 ns and finite, got {lat}")
     if net.npus > 1 << 16:
         _fail(origin, "npus_count", f"multiplies to {net.npus} NPUs; at most 65536 are supported")
     return net
@@ -143,8 +150,9 @@ def parse_system(text: str, origin: str = "system") -> AstraSystem:
 
     def number(key: str, kind: type, minimum: float) -> Any:
         v = doc[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and int(v) != v) or v < minimum:
-            _fail(origin, key, f"must be a {'whole ' if kind is int else ''}number >= {minimum}, got {v!r}")
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not minimum <= v < 2.0 ** 53
+                or (kind is int and int(v) != v)):
+            _fail(origin, key, f"must be a {'whole ' if kind is int else ''}number >= {minimum} and < 2^53, got {v!r}")
         return kind(v)
 
     for key in doc:

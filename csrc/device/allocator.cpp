@@ -4,6 +4,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "device/runtime.h"
@@ -152,6 +153,23 @@ std::pair<size_t, size_t> HbmAllocator::getMemoryInfo(c10::DeviceIndex device) {
 int64_t HbmAllocator::capacity(c10::DeviceIndex device) const {
   std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
   return const_cast<HbmAllocator*>(this)->pool(device).capacity;
+}
+
+void HbmAllocator::restore_peaks(c10::DeviceIndex device, int64_t peak_bytes, int64_t peak_allocations,
+                                 int64_t num_ooms) {
+  TORCH_CHECK_VALUE(peak_bytes >= 0 && peak_allocations >= 0 && num_ooms >= 0,
+                    "zion: saved memory statistics must be >= 0; got peak_bytes=", peak_bytes,
+                    ", peak_allocations=", peak_allocations, ", num_ooms=", num_ooms);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Pool& p = pool(device);
+  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
+                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
+    stat->peak = std::max(stat->peak, peak_bytes);
+  }
+  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
+    stat->peak = std::max(stat->peak, peak_allocations);
+  }
+  p.stats.num_ooms = num_ooms;
 }
 
 // The allocator of every zion tensor.

@@ -40,6 +40,11 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // Releases one allocation (called by the DataPtr deleter).
   void release(c10::DeviceIndex device, void* ptr, size_t nbytes);
   int64_t capacity(c10::DeviceIndex device) const;
+  // A run resumed from a checkpoint keeps the peaks it had reached: raises
+  // the peak of allocated (and reserved, active, requested) bytes to at least
+  // `peak_bytes`, the peak allocation count to at least `peak_allocations`,
+  // and sets the OOM count. Current use is what the live tensors hold.
+  void restore_peaks(c10::DeviceIndex device, int64_t peak_bytes, int64_t peak_allocations, int64_t num_ooms);
 
  private:
   struct Pool {

@@ -58,6 +58,18 @@ void transfer(Runtime& rt, int device, int stream, int src, int dst, double byte
 
 }  // namespace
 
+std::vector<sim::Seconds> link_free_times() {
+  LinkOccupancy& occ = links();
+  std::lock_guard<std::mutex> lock(occ.mutex);
+  return occ.free_at;
+}
+
+void restore_link_free_times(const std::vector<sim::Seconds>& free_at) {
+  LinkOccupancy& occ = links();
+  std::lock_guard<std::mutex> lock(occ.mutex);
+  occ.free_at = free_at;  // an empty or foreign-sized vector is reset to zeros by the next transfer
+}
+
 void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   at::Tensor s = src.device().is_privateuseone() ? cpu_alias(src) : src;
   at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;

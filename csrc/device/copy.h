@@ -7,8 +7,17 @@
 
 #include <ATen/Tensor.h>
 
+#include <vector>
+
+#include "sim/units.h"
+
 namespace zion::device {
 
 void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blocking);
+
+// When each link of the node becomes free of the copies queued on it (by
+// link id of the topology): part of a checkpoint, with the timeline.
+std::vector<sim::Seconds> link_free_times();
+void restore_link_free_times(const std::vector<sim::Seconds>& free_at);
 
 }  // namespace zion::device

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "device/allocator.h"
+#include "device/copy.h"
 #include "device/runtime.h"
 
 namespace py = pybind11;
@@ -23,6 +25,99 @@ py::array_t<T> column(const std::vector<sim::Span>& spans, Field field) {
   auto w = out.template mutable_unchecked<1>();
   for (size_t i = 0; i < spans.size(); ++i) w(static_cast<py::ssize_t>(i)) = static_cast<T>(field(spans[i]));
   return out;
+}
+
+const char* const kCounterFields[] = {"flops", "bytes", "copy_bytes", "busy_s", "ops", "guessed_ops"};
+
+template <typename T>
+T field(const py::dict& d, const char* name, const std::string& where) {
+  if (!d.contains(name)) {
+    throw py::value_error("zion timeline state: " + where + " has no field '" + name + "'");
+  }
+  try {
+    return d[name].cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::value_error("zion timeline state: " + where + "." + name + " must be a number, got " +
+                          std::string(py::str(py::type::handle_of(d[name]).attr("__name__"))));
+  }
+}
+
+py::dict state_to_dict(const sim::TimelineState& s) {
+  py::dict out;
+  out["host_s"] = s.host;
+  out["streams_s"] = s.streams;
+  py::list devices;
+  for (const sim::DeviceCounters& c : s.counters) {
+    py::dict d;
+    d["flops"] = c.flops;
+    d["bytes"] = c.bytes;
+    d["copy_bytes"] = c.copy_bytes;
+    d["busy_s"] = c.busy;
+    d["ops"] = c.ops;
+    d["guessed_ops"] = c.guessed_ops;
+    d["busy_by_activity_s"] = std::vector<double>(c.busy_by_activity, c.busy_by_activity + sim::kActivities);
+    devices.append(d);
+  }
+  out["devices"] = devices;
+  py::list links;
+  for (const sim::LinkCounters& l : s.links) {
+    py::dict d;
+    d["bytes"] = l.bytes;
+    d["busy_s"] = l.busy;
+    d["transfers"] = l.transfers;
+    links.append(d);
+  }
+  out["links"] = links;
+  py::dict labels;
+  for (const auto& [name, totals] : s.label_totals) labels[py::str(name)] = py::make_tuple(totals.busy, totals.count);
+  out["labels"] = labels;
+  return out;
+}
+
+sim::TimelineState state_from_dict(const py::dict& d) {
+  sim::TimelineState s;
+  s.host = field<double>(d, "host_s", "state");
+  try {
+    s.streams = field<std::vector<std::vector<double>>>(d, "streams_s", "state");
+  } catch (const py::value_error&) {
+    throw py::value_error("zion timeline state: streams_s must be a list (one per device) of lists of seconds");
+  }
+  for (const char* key : {"devices", "links", "labels"}) {
+    if (!d.contains(key)) throw py::value_error(std::string("zion timeline state: state has no field '") + key + "'");
+  }
+  int i = 0;
+  for (py::handle h : py::list(d["devices"])) {
+    std::string where = "devices[" + std::to_string(i++) + "]";
+    if (!py::isinstance<py::dict>(h)) throw py::value_error("zion timeline state: " + where + " must be a dict");
+    py::dict c = py::reinterpret_borrow<py::dict>(h);
+    sim::DeviceCounters k;
+    k.flops = field<double>(c, kCounterFields[0], where);
+    k.bytes = field<double>(c, kCounterFields[1], where);
+    k.copy_bytes = field<double>(c, kCounterFields[2], where);
+    k.busy = field<double>(c, kCounterFields[3], where);
+    k.ops = field<long long>(c, kCounterFields[4], where);
+    k.guessed_ops = field<long long>(c, kCounterFields[5], where);
+    auto by_activity = field<std::vector<double>>(c, "busy_by_activity_s", where);
+    if (by_activity.size() != static_cast<size_t>(sim::kActivities)) {
+      throw py::value_error("zion timeline state: " + where + ".busy_by_activity_s must have " +
+                            std::to_string(sim::kActivities) + " entries (compute, copy, communication)");
+    }
+    std::copy(by_activity.begin(), by_activity.end(), k.busy_by_activity);
+    s.counters.push_back(k);
+  }
+  i = 0;
+  for (py::handle h : py::list(d["links"])) {
+    std::string where = "links[" + std::to_string(i++) + "]";
+    if (!py::isinstance<py::dict>(h)) throw py::value_error("zion timeline state: " + where + " must be a dict");
+    py::dict l = py::reinterpret_borrow<py::dict>(h);
+    s.links.push_back(sim::LinkCounters{field<double>(l, "bytes", where), field<double>(l, "busy_s", where),
+                                        field<long long>(l, "transfers", where)});
+  }
+  for (auto item : py::dict(d["labels"])) {
+    auto pair = item.second.cast<std::pair<double, long long>>();
+    s.label_totals.emplace_back(item.first.cast<std::string>(), sim::LabelTotals{pair.first, pair.second});
+  }
+  return s;
 }
 
 }  // namespace
@@ -101,4 +196,27 @@ void bind_timeline(py::module_& m) {
     return out;
   }, "Per link class of the platform: bandwidth per link, directed links of the class, bytes carried "
      "(summed over links), busy seconds (summed over links) and transfers");
+  t.def("state", [] {
+    py::dict d = state_to_dict(device::runtime().timeline.state());
+    d["link_free_s"] = device::link_free_times();
+    return d;
+  },
+        "The clocks and counters for a checkpoint: host_s, streams_s [device][stream], devices (counters), "
+        "links (per link class), labels (name -> (busy seconds, count)), link_free_s (when each link is free of "
+        "queued copies)");
+  t.def("restore", [](const py::dict& d) {
+    sim::TimelineState s = state_from_dict(d);
+    std::vector<double> link_free = field<std::vector<double>>(d, "link_free_s", "state");
+    try {
+      device::runtime().timeline.restore(s);
+      device::restore_link_free_times(link_free);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(std::string("zion timeline state: ") + e.what());
+    }
+  }, py::arg("state"), "Replaces the clocks and counters with a state() taken earlier (same platform)");
+  t.def("restore_peak_memory", [](int index, int64_t peak_bytes, int64_t peak_allocations, int64_t num_ooms) {
+    device::check_device(static_cast<c10::DeviceIndex>(index));
+    device::allocator().restore_peaks(static_cast<c10::DeviceIndex>(index), peak_bytes, peak_allocations, num_ooms);
+  }, py::arg("index"), py::arg("peak_bytes"), py::arg("peak_allocations"), py::arg("num_ooms"),
+     "Raises the HBM peak statistics of a device to saved ones and sets its OOM count");
 }

@@ -216,4 +216,54 @@ void Timeline::reset() {
   dropped_ = 0;
 }
 
+TimelineState Timeline::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TimelineState s;
+  s.host = host_;
+  s.streams = streams_;
+  s.counters = counters_;
+  s.links = links_;
+  for (size_t i = 0; i < labels_.size() && i < label_totals_.size(); ++i) {
+    if (label_totals_[i].count || label_totals_[i].busy) s.label_totals.emplace_back(labels_[i], label_totals_[i]);
+  }
+  return s;
+}
+
+void Timeline::restore(const TimelineState& state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state.streams.size() != streams_.size() || state.counters.size() != streams_.size()) {
+    throw std::invalid_argument("the saved timeline has " + std::to_string(state.streams.size()) + " devices (" +
+                                std::to_string(state.counters.size()) + " counter sets); this one has " +
+                                std::to_string(streams_.size()) + ": restore on the same platform");
+  }
+  for (const auto& device : state.streams) {
+    if (device.empty()) throw std::invalid_argument("a saved device has no streams (stream 0 always exists)");
+  }
+  host_ = state.host;
+  for (size_t d = 0; d < streams_.size(); ++d) {
+    const std::vector<Seconds>& saved = state.streams[d];
+    std::vector<Seconds>& now = streams_[d];
+    if (now.size() < saved.size()) now.resize(saved.size());
+    for (size_t s = 0; s < now.size(); ++s) now[s] = s < saved.size() ? saved[s] : host_;
+  }
+  counters_ = state.counters;
+  links_ = state.links;
+  for (auto& t : label_totals_) t = {};
+  for (const auto& [text, totals] : state.label_totals) {
+    auto it = label_ids_.find(text);
+    int id = 0;
+    if (it != label_ids_.end()) {
+      id = it->second;
+    } else {
+      id = static_cast<int>(labels_.size());
+      labels_.push_back(text);
+      label_totals_.emplace_back();
+      label_ids_.emplace(text, id);
+    }
+    label_totals_[id] = totals;
+  }
+  spans_.clear();
+  dropped_ = 0;
+}
+
 }  // namespace zion::sim

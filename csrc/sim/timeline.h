@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "units.h"
@@ -64,6 +65,18 @@ struct Interval {
   Seconds end = 0;
 };
 
+// Everything a run has accumulated on the timeline, for a checkpoint: the
+// host clock, every stream's clock, the counters per device and per link
+// class, and the totals per label (by name, since label ids depend on the
+// order a process first meets them). Recorded spans are not part of it.
+struct TimelineState {
+  Seconds host = 0;
+  std::vector<std::vector<Seconds>> streams;  // [device][stream]
+  std::vector<DeviceCounters> counters;       // [device]
+  std::vector<LinkCounters> links;            // [link class]
+  std::vector<std::pair<std::string, LabelTotals>> label_totals;
+};
+
 class Timeline {
  public:
   explicit Timeline(int devices = 0);
@@ -115,6 +128,15 @@ class Timeline {
   size_t dropped_spans() const;
 
   void reset();
+
+  // A copy of the clocks and counters (see TimelineState).
+  TimelineState state() const;
+  // Replaces the clocks and counters with `state`'s. The device count must
+  // match (std::invalid_argument otherwise, naming both counts). Streams
+  // missing here are created; streams beyond the saved ones start at the
+  // restored host clock. Labels are matched by name; labels not in `state`
+  // get zero totals. Recorded spans are dropped.
+  void restore(const TimelineState& state);
 
  private:
   void check(int device, int stream) const;

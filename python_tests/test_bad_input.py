@@ -1,0 +1,366 @@
+"""Bad input: every case raises a clear error that names what was wrong and
+what is allowed, and never crashes, hangs or answers silently.
+
+Covered: platform names, files and overrides (Python and the command line),
+device indices, tensors on several devices, ops zion cannot run, op cost
+formulas, collectives that disagree across ranks, worlds larger than the
+platform, ASTRA-sim inputs, and a trace that cannot be written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import zion_emu
+from zion_emu import ConfigError, astra, sim
+
+REPO = Path(__file__).resolve().parents[1]
+CLI_TIMEOUT_S = 120
+JOIN_TIMEOUT_S = 90
+GROUP_TIMEOUT_S = 10
+
+
+# -- platforms --------------------------------------------------------------
+
+def test_an_unknown_platform_name_lists_the_presets():
+    with pytest.raises(ConfigError, match=r"unknown platform 'zion2'; presets: .*hgx-h100.*zion, zionex"):
+        zion_emu.load_platform("zion2")
+
+
+def test_set_platform_with_an_unknown_name_lists_the_presets():
+    with pytest.raises(ConfigError, match=r"unknown platform 'nope'; presets: "):
+        zion_emu.set_platform("nope")
+
+
+def test_a_platform_file_that_is_not_json_says_where_it_breaks(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"base": "zion", "nodes": ')
+    with pytest.raises(ConfigError, match=r"broken.json' is not valid JSON: .*line 1, column 27"):
+        zion_emu.load_platform(path)
+
+
+def test_a_platform_file_holding_an_array_says_an_object_is_wanted(tmp_path):
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must hold a JSON object, got array"):
+        zion_emu.load_platform(path)
+
+
+def test_a_partial_platform_file_names_the_missing_field(tmp_path):
+    path = tmp_path / "partial.json"
+    path.write_text('{"name": "mine", "nodes": 1}')  # no "base", so every field must be there
+    with pytest.raises(ConfigError, match=r"partial.json': field '\w+' is missing"):
+        zion_emu.load_platform(path)
+
+
+def test_a_platform_file_with_an_unknown_field_lists_the_allowed_ones(tmp_path):
+    path = tmp_path / "typo.json"
+    path.write_text('{"base": "zion", "fabric": {"topolgy": "ring"}}')
+    with pytest.raises(ConfigError, match=r"unknown field 'fabric.topolgy'; allowed here: .*topology"):
+        zion_emu.load_platform(path)
+
+
+def test_an_override_of_an_unknown_field_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"unknown field 'oam.hbm_gb' \(at 'oam'\); allowed: count, efficiency, "
+                                          r"hbm_bandwidth_gb_per_s, hbm_bytes"):
+        zion_emu.load_platform("zion", overrides={"oam.hbm_gb": 3})
+
+
+def test_an_override_of_the_wrong_type_says_what_the_field_takes():
+    with pytest.raises(ConfigError, match=r"'oam.hbm_bytes' must be a positive integer number of bytes, "
+                                          r"got \"lots\" \(string\)"):
+        zion_emu.load_platform("zion", overrides={"oam.hbm_bytes": "lots"})
+
+
+def test_an_override_key_that_is_not_a_path_is_refused():
+    with pytest.raises(ConfigError, match=r"override keys are dotted field paths \(str\), got 3"):
+        zion_emu.load_platform("zion", overrides={3: 1})
+
+
+def test_an_enumerated_field_lists_its_values():
+    with pytest.raises(ConfigError, match=r"'fabric.topology' is \"torus\" \(string\); allowed: fully_connected, "
+                                          r"hybrid_cube_mesh, ring, switch"):
+        zion_emu.load_platform("zion", overrides={"fabric.topology": "torus"})
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("oam.hbm_bytes", 0, r"'oam.hbm_bytes' must be a positive integer number of bytes, got 0"),
+    ("oam.hbm_bytes", -(1 << 30), r"'oam.hbm_bytes' must be a positive integer number of bytes, got -1073741824"),
+    ("fabric.link_bandwidth_gb_per_s", 0, r"'fabric.link_bandwidth_gb_per_s' must be > 0, got 0"),
+    ("upi.link_bandwidth_gb_per_s", -1, r"'upi.link_bandwidth_gb_per_s' must be > 0, got -1"),
+    ("oam.count", 0, r"'oam.count' must be an integer >= 1, got 0"),
+    ("nodes", -2, r"'nodes' must be an integer >= 1, got -2"),
+])
+def test_zero_or_negative_capacities_counts_and_bandwidths_are_refused(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        zion_emu.load_platform("zion", overrides={field: value})
+
+
+def test_an_oam_list_naming_a_missing_oam_gives_the_allowed_range():
+    with pytest.raises(ConfigError, match=r"'pcie.switches.1.oams' lists OAM 2, but there are 2 OAMs \(allowed 0..1\)"):
+        zion_emu.load_platform("zion", overrides={"oam.count": 2})
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="the loader checks a bandwidth is finite as written (GB/s), not after conversion to "
+                          "bytes/s; near 1e300 GB/s it overflows and the link model fails with a RuntimeError")
+def test_a_bandwidth_that_overflows_bytes_per_second_is_refused_at_load():
+    with pytest.raises(ConfigError, match="fabric.link_bandwidth_gb_per_s"):
+        platform = zion_emu.load_platform("zion", overrides={"fabric.link_bandwidth_gb_per_s": 1e308})
+        sim.collective_time(platform, "all_to_all", 1 << 20, 8)
+
+
+# -- the command line -------------------------------------------------------
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]))
+    return subprocess.run([sys.executable, "-m", "zion_emu", *args], capture_output=True, text=True, env=env,
+                          timeout=CLI_TIMEOUT_S, cwd=cwd)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("import torch\n"
+                    "x = torch.ones(32, 32, device='zion')\n"
+                    "for _ in range(2):\n"
+                    "    (x @ x).sum().item()\n"
+                    "print('script finished')\n")
+    return path
+
+
+@pytest.mark.parametrize("command", ["info", "run"])
+@pytest.mark.parametrize("assignment, message", [
+    ("oam.hbm_gb=3", r"unknown field 'oam.hbm_gb' \(at 'oam'\); allowed: count, efficiency"),
+    ("oam.hbm_bytes=lots", r"'oam.hbm_bytes' must be a positive integer number of bytes, got \"lots\""),
+    ("oam.hbm_bytes", r"override 'oam.hbm_bytes' must look like path.to.field=value \(e.g. fabric.topology=ring\)"),
+])
+def test_cli_set_errors_name_the_field_and_what_is_allowed(command, assignment, message, script, capsys):
+    from zion_emu.__main__ import main
+
+    args = ["info", "--set", assignment] if command == "info" else ["run", "--set", assignment, str(script)]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert "script finished" not in out  # refused before the script runs
+    assert re.fullmatch(r"zion-emu: error: .*" + message + r".*\n", err), err
+
+
+def test_cli_errors_from_a_real_process_are_one_line_and_exit_code_2(script):
+    """The same, end to end through ``python -m zion_emu``: no traceback."""
+    proc = _cli("run", "--platform", "zion3", "--set", "oam.hbm_bytes=lots", str(script))
+    assert proc.returncode == 2 and "script finished" not in proc.stdout
+    assert proc.stderr.startswith("zion-emu: error: unknown platform 'zion3'; presets: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(script, tmp_path):
+    target = tmp_path / "no" / "such" / "dir" / "trace.json"
+    proc = _cli("run", "--trace", str(target), str(script))
+    assert "script finished" in proc.stdout
+    assert "modeled" in proc.stdout.lower()  # the report is printed
+    assert f"could not write the trace to {target}: No such file or directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode != 0  # a requested output is missing
+
+
+# -- devices and tensors ----------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(2, device="zion:8"),
+    lambda: torch.ones(2).to("zion:12"),
+    lambda: torch.zion.set_device(-1),
+    lambda: torch.zion.memory_allocated("zion:9"),
+])
+def test_a_device_index_out_of_range_names_the_range(make):
+    with pytest.raises(IndexError, match=r"zion: device index -?\d+ is out of range; platform 'zion' has 8 devices "
+                                         r"per node \(zion:0 .. zion:7\)"):
+        make()
+
+
+def test_tensors_on_two_zion_devices_name_both_devices_and_the_op():
+    a, b = torch.ones(4, device="zion:0"), torch.ones(4, device="zion:1")
+    with pytest.raises(RuntimeError, match=r"same device, but found at least two devices, zion:0 and zion:1! "
+                                           r"\(when checking arguments for aten::add\)"):
+        a + b
+    with pytest.raises(RuntimeError, match=r"zion:0 and zion:1! \(when checking arguments for aten::mm\)"):
+        a.view(2, 2) @ b.view(2, 2)
+
+
+def test_a_zion_tensor_with_a_cpu_tensor_names_both_devices():
+    with pytest.raises(RuntimeError, match=r"found at least two devices, zion:0 and cpu!"):
+        torch.ones(4, device="zion") * torch.ones(4)
+
+
+def test_an_op_with_only_a_cuda_kernel_names_the_op_and_why():
+    q = torch.ones(1, 4, 2, 8, device="zion")
+    with pytest.raises(NotImplementedError, match=r"zion: operator aten::_flash_attention_forward is not supported "
+                                                  r"on zion: zion runs each op through its CPU kernel, and this op "
+                                                  r"has none"):
+        torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.0, False, False)
+
+
+def test_set_platform_after_the_first_tensor_says_why_it_is_refused():
+    held = torch.ones(4, device="zion")  # a live tensor: its pool holds memory
+    with pytest.raises(RuntimeError, match=r"set_platform must come before any zion tensor is made; \d+ bytes are "
+                                           r"allocated on the current platform 'zion'"):
+        zion_emu.set_platform("hgx-h100")
+    assert zion_emu.current_platform().name == "zion" and held.device.type == "zion"
+
+
+# -- op cost formulas -------------------------------------------------------
+
+@pytest.fixture
+def formula_op():
+    """An op whose formula a test replaces with a broken one; afterwards it is
+    priced as the elementwise op it is (one FLOP per element, bytes in and out)."""
+    name = "aten::sinh"
+    yield name
+    zion_emu.cost.register(name, lambda call: (call.outputs[0].numel(),
+                                               sum(t.bytes() for t in (*call.inputs, *call.outputs))))
+
+
+@pytest.mark.parametrize("formula, error, message", [
+    (lambda call: (-1.0, 8), RuntimeError, r"op cost formula for aten::sinh returned negative flops \(-1\)"),
+    (lambda call: (1.0, float("nan")), RuntimeError, r"op cost formula for aten::sinh returned NaN bytes"),
+    (lambda call: "garbage", RuntimeError, r"op cost formula for aten::sinh must return an OpWork or a dict, got str"),
+    (lambda call: 1 / 0, ZeroDivisionError, r"op cost formula for aten::sinh raised ZeroDivisionError"),
+])
+def test_a_cost_formula_returning_garbage_names_the_op_when_it_runs(formula_op, formula, error, message):
+    x = torch.ones(4, device="zion")
+    zion_emu.cost.register(formula_op, formula)
+    with pytest.raises(error, match=message):
+        torch.sinh(x)
+
+
+def test_a_constant_cost_with_a_negative_count_is_refused_at_registration():
+    with pytest.raises(ValueError, match=r"op cost formula for aten::cosh: flops must be a finite count >= 0, got -5"):
+        zion_emu.cost.register("aten::cosh", {"flops": -5, "bytes": 0})
+
+
+def test_a_cost_formula_for_an_op_torch_does_not_know_is_refused():
+    with pytest.raises(ValueError, match=r"no operator 'aten::no_such_op' is registered with torch \(names are ATen "
+                                         r"schema names such as 'aten::mm'"):
+        zion_emu.cost.register("aten::no_such_op", {"flops": 1, "bytes": 1})
+
+
+# -- ASTRA-sim inputs -------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("topology: [Ring\n", r"ASTRA-sim input network: not valid YAML"),
+    ("- 1\n- 2\n", r"expected a mapping with topology, npus_count, bandwidth, latency"),
+    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\n", r"'latency'"),
+    ("topology: [Torus]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n",
+     r"'topology'.*Ring, FullyConnected, Switch"),
+    ("topology: [Ring]\nnpus_count: [four]\nbandwidth: [50]\nlatency: [500]\n", r"'npus_count' must hold numbers"),
+    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [.nan]\n", r"'latency' must hold finite numbers"),
+    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [.inf]\nlatency: [5]\n", r"'bandwidth' must hold finite numbers"),
+    ("topology: [Ring]\nnpus_count: [4]\nbandwidth: [0]\nlatency: [5]\n",
+     r"'bandwidth' must be > 0 GB/s and finite, got 0"),
+    ("topology: [Ring, Ring]\nnpus_count: [4]\nbandwidth: [5, 5]\nlatency: [5, 5]\n",
+     r"'npus_count' has 1 entries but topology has 2 dimensions"),
+])
+def test_malformed_astra_network_files_name_the_key(text, message):
+    with pytest.raises(ConfigError, match=message):
+        astra.parse_network(text)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", r"ASTRA-sim input system: not valid JSON"),
+    ("[1]", r"ASTRA-sim input system: expected a JSON object"),
+    ('{"preferred-dataset-splits": Infinity}', r"'preferred-dataset-splits' must be a whole number >= 1"),
+    ('{"all-reduce-implementation": ["ringg"]}', r"names 'ringg'; allowed: ring, direct, halvingDoubling"),
+    ('{"endpoint_delay": 10}', r"'endpoint_delay' is not an ASTRA-sim system field known here; known: endpoint-delay"),
+])
+def test_malformed_astra_system_files_say_what_is_expected(text, message):
+    with pytest.raises(ConfigError, match=message):
+        astra.parse_system(text)
+
+
+def test_an_astra_file_that_cannot_be_read_names_the_path(tmp_path):
+    missing = tmp_path / "net.yml"
+    with pytest.raises(ConfigError, match=r"ASTRA-sim input '.*net.yml' cannot be read: No such file or directory"):
+        astra.load(missing)
+
+
+# -- collectives across ranks ------------------------------------------------
+
+def _spawn(worker: Any, nprocs: int, tmp_path: Path, *args: Any) -> None:
+    store = str(tmp_path / "store")
+    ctx = mp.start_processes(worker, args=(nprocs, store, *args), nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{worker.__name__} on {nprocs} ranks did not finish in {JOIN_TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+
+
+def _init(rank: int, nprocs: int, store: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    torch.zion.set_device(rank)
+
+
+def _collective_mismatch_worker(rank: int, nprocs: int, store: str) -> None:
+    _init(rank, nprocs, store)
+    x = torch.ones(4, device="zion")
+    # Each rank names a different reduction: refused on both, the group stays usable.
+    with pytest.raises(RuntimeError, match=r"all_reduce: ranks name different reduce ops \(rank 0: .*, rank 1: .*\)"):
+        dist.all_reduce(x, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    with pytest.raises(RuntimeError, match=r"sizes differ across ranks"):
+        dist.all_gather_into_tensor(torch.empty(8 + 2 * rank, device="zion"), torch.ones(4 + rank, device="zion"))
+    with pytest.raises(RuntimeError, match=r"dtypes differ across ranks"):
+        dist.broadcast(torch.ones(4, device="zion", dtype=torch.float32 if rank else torch.int64), src=0)
+    # Reductions the data cannot take.
+    with pytest.raises(RuntimeError, match=r"Cannot use ReduceOp.BAND with non-integral dtype"):
+        dist.all_reduce(torch.ones(4, device="zion"), op=dist.ReduceOp.BAND)
+    with pytest.raises(RuntimeError, match=r"Cannot use ReduceOp.PREMUL_SUM"):
+        dist.all_reduce(torch.ones(4, device="zion"), op=dist._make_nccl_premul_sum(2.0))
+    y = torch.full((3,), float(rank + 1), device="zion")
+    dist.all_reduce(y)
+    assert torch.equal(y.cpu(), torch.full((3,), 3.0))
+    dist.destroy_process_group()
+
+
+def test_collectives_that_disagree_across_ranks_raise_on_every_rank(tmp_path):
+    _spawn(_collective_mismatch_worker, 2, tmp_path)
+
+
+def _world_too_large_worker(rank: int, nprocs: int, store: str, platform_file: str) -> None:
+    os.environ["ZION_PLATFORM"] = platform_file
+    os.environ.pop("LOCAL_RANK", None)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    begin = time.monotonic()
+    with pytest.raises(Exception, match=r"rank 1 would be OAM 0 of node 1, but platform 'one-oam' has 1 node\(s\) "
+                                        r"x 1 OAMs = 1 devices; choose a platform with more nodes"
+                       if rank == 1 else r"."):
+        dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                                timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+        dist.all_reduce(torch.ones(2, device="zion"))
+    assert time.monotonic() - begin < GROUP_TIMEOUT_S + 20
+
+
+def test_a_world_larger_than_the_platform_is_an_error_naming_the_sizes(tmp_path):
+    one_oam = tmp_path / "one-oam.json"
+    one_oam.write_text('{"base": "zion", "name": "one-oam", "oam": {"count": 1}, "pcie": {"switches": ['
+                       '{"generation": "gen4", "uplink_generation": "gen3", "uplink_lanes": 16, "oam_lanes": 16, '
+                       '"nic_lanes": 16, "sockets": [0, 1, 2, 3, 4, 5, 6, 7], "oams": [0], "nics": [0, 1, 2, 3]}]}}')
+    zion_emu.load_platform(one_oam)  # the platform itself is valid
+    _spawn(_world_too_large_worker, 2, tmp_path, str(one_oam))

@@ -1,0 +1,246 @@
+"""Checkpoints: a training run saved after k steps (model, optimizer and
+``zion_emu.state_dict()``) and resumed in a new process gives the same losses,
+bit for bit, as the run that never stopped, and its modeled clock, counters
+and label totals continue exactly where they stopped.
+
+Each run is a subprocess executing this file as a script (``main`` below):
+the resumed run is a new process, as after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import zion_emu
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, SAVE_AFTER = 6, 3
+RUN_TIMEOUT_S = 120
+
+
+class _Model(torch.nn.Module):
+    """A DLRM in miniature: a sparse embedding bag and dense features through an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = torch.nn.EmbeddingBag(500, 8, mode="sum", sparse=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(8 + 4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.bag(ids, offsets), dense], dim=1))
+
+
+def _batch(step: int, device: str) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(100 + step)
+    batch = 16
+    dense = torch.randn(batch, 4, generator=g)
+    ids = torch.randint(0, 500, (batch * 3,), generator=g)
+    offsets = torch.arange(0, batch * 3, 3)
+    target = torch.randn(batch, 1, generator=g)
+    return tuple(t.to(device) for t in (dense, ids, offsets, target))
+
+
+def _optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05)
+    return torch.optim.Adagrad(model.parameters(), lr=0.05)
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Loads an optimizer state read with map_location="zion". That moved
+    Adagrad's step counters to zion too, where the optimizer would read each
+    one back with a host sync every step (modeled time the uninterrupted run
+    never spent); they go back to the CPU, where the optimizer keeps them."""
+    opt.load_state_dict(state)
+    for s in opt.state.values():
+        if torch.is_tensor(s.get("step")):
+            s["step"] = s["step"].cpu()
+
+
+def _summary() -> dict[str, Any]:
+    torch.zion.synchronize()
+    c = zion_emu.counters(0)
+    return {
+        "clock": zion_emu.clock().hex(),
+        "stream": zion_emu._C.device.stream_time(0, 0).hex(),
+        "counters": [float(c.flops).hex(), float(c.bytes).hex(), float(c.copy_bytes).hex(), c.busy_s.hex(), c.ops,
+                     c.guessed_ops],
+        "labels": {k: [v[0].hex(), v[1]] for k, v in zion_emu._C.timeline.label_totals().items()},
+        "peak_bytes": torch.zion.max_memory_allocated(0),
+    }
+
+
+def main(argv: list[str]) -> None:
+    """``test_checkpoint.py OPTIMIZER FIRST LAST [--save PATH] [--resume PATH]``:
+    trains steps FIRST..LAST-1 and prints the losses (float.hex) and the
+    modeled clock and counters as JSON."""
+    opt_name, first, last = argv[0], int(argv[1]), int(argv[2])
+    save = argv[argv.index("--save") + 1] if "--save" in argv else None
+    resume = argv[argv.index("--resume") + 1] if "--resume" in argv else None
+    torch.manual_seed(0)
+    model = _Model().to("zion")
+    opt = _optimizer(opt_name, model)
+    out: dict[str, Any] = {}
+    if resume:
+        ckpt = torch.load(resume, map_location="zion", weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        _load_optimizer(opt, ckpt["optimizer"])
+        # Last: what loading cost above is not part of the run being resumed.
+        zion_emu.load_state_dict(ckpt["zion"])
+        out["restored"] = _summary()
+    else:
+        zion_emu.reset_clock()  # the run starts at zero in both cases
+    losses = []
+    for step in range(first, last):
+        dense, ids, offsets, target = _batch(step, "zion")
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(dense, ids, offsets), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item().hex())
+    out["losses"] = losses
+    if save:
+        # The emulator's state first: the copies torch.save makes are not part of the run.
+        sd = zion_emu.state_dict()
+        out["saved"] = _summary()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "zion": sd}, save)
+    out["end"] = _summary()
+    print(json.dumps(out))
+
+
+def _run(*args: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]))
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
+                          timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adagrad"])
+def test_a_run_resumed_in_a_new_process_matches_the_uninterrupted_run(tmp_path, opt_name):
+    ckpt = str(tmp_path / "ckpt.pt")
+    whole = _run(opt_name, "0", str(STEPS))
+    before = _run(opt_name, "0", str(SAVE_AFTER), "--save", ckpt)
+    after = _run(opt_name, str(SAVE_AFTER), str(STEPS), "--resume", ckpt)
+
+    # Losses: bit-equal, step by step.
+    assert before["losses"] + after["losses"] == whole["losses"]
+    # The resumed process starts from the saved clocks and counters, not from
+    # the cost of building its model and loading the checkpoint.
+    assert after["restored"]["clock"] == before["saved"]["clock"]
+    assert after["restored"]["counters"] == before["saved"]["counters"]
+    assert after["restored"]["labels"] == before["saved"]["labels"]
+    assert after["restored"]["peak_bytes"] >= before["saved"]["peak_bytes"]
+    # ... and ends where the uninterrupted run ends.
+    for key in ("clock", "stream", "counters", "labels"):
+        assert after["end"][key] == whole["end"][key], key
+    assert float.fromhex(whole["end"]["clock"]) > float.fromhex(before["saved"]["clock"]) > 0
+
+
+def test_state_dict_round_trips_in_process_and_refuses_a_foreign_state():
+    torch.ones(8, device="zion").mul_(2)
+    torch.zion.synchronize()
+    sd = zion_emu.state_dict()
+    clock = zion_emu.clock()
+    torch.ones(1000, device="zion").add_(1).sum().item()  # more modeled work
+    assert zion_emu.clock() > clock
+    zion_emu.load_state_dict(sd)
+    assert zion_emu.clock() == clock
+    assert zion_emu._C.timeline.state()["devices"] == sd["timeline"]["devices"]
+
+    with pytest.raises(ValueError, match="taken on platform 'hgx-h100' with 8 devices; this process runs 'zion'"):
+        zion_emu.load_state_dict(dict(sd, platform="hgx-h100"))
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        zion_emu.load_state_dict(dict(sd, version=99))
+    with pytest.raises(ValueError, match="the state has no timeline"):
+        zion_emu.load_state_dict({k: v for k, v in sd.items() if k != "timeline"})
+    with pytest.raises(ValueError, match="takes the dict zion_emu.state_dict\\(\\) returned, got list"):
+        zion_emu.load_state_dict([1, 2])
+    broken = dict(sd, timeline=dict(sd["timeline"], host_s="soon"))
+    with pytest.raises(ValueError, match="host_s must be a number, got str"):
+        zion_emu.load_state_dict(broken)
+    short = dict(sd, timeline=dict(sd["timeline"], streams_s=sd["timeline"]["streams_s"][:3]))
+    with pytest.raises(ValueError, match="the saved timeline has 3 devices .* this one has 8"):
+        zion_emu.load_state_dict(short)
+    assert zion_emu.clock() == clock  # a refused state changes nothing
+
+
+def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save: str, resume: str,
+                 out: str) -> None:
+    """One rank of a data-parallel run: trains steps first..last-1 on
+    zion:rank (gradients averaged with all_reduce), saves or resumes its own
+    checkpoint file, and writes its losses and clocks to ``out``."""
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                            timeout=timedelta(seconds=60))
+    torch.zion.set_device(rank)
+    device = f"zion:{rank}"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    result: dict[str, Any] = {}
+    if resume:
+        ckpt = torch.load(resume.format(rank=rank), map_location=device, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        _load_optimizer(opt, ckpt["optimizer"])
+        zion_emu.load_state_dict(ckpt["zion"])
+    else:
+        zion_emu.reset_clock()
+    losses = []
+    for step in range(first, last):
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        x, y = torch.randn(8, 12, generator=g).to(device), torch.randn(8, 1, generator=g).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad.div_(nprocs)
+        opt.step()
+        losses.append(loss.item().hex())
+    result["losses"] = losses
+    if save:
+        sd = zion_emu.state_dict()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "zion": sd}, save.format(rank=rank))
+    torch.zion.synchronize(rank)
+    result["clock"] = zion_emu.clock().hex()
+    result["stream"] = zion_emu._C.device.stream_time(rank, 0).hex()
+    with open(out.format(rank=rank), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _spawn_ranks(tmp_path: Path, tag: str, first: int, last: int, save: str = "", resume: str = "") -> list[dict]:
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / f"{tag}-rank{{rank}}.json")
+    mp.start_processes(_rank_worker, args=(2, str(tmp_path / f"store-{tag}"), first, last, save, resume, out),
+                       nprocs=2, join=True, start_method="spawn")
+    return [json.loads(Path(out.format(rank=r)).read_text()) for r in range(2)]
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_path):
+    ckpt = str(tmp_path / "ckpt-rank{rank}.pt")
+    whole = _spawn_ranks(tmp_path, "whole", 0, STEPS)
+    before = _spawn_ranks(tmp_path, "before", 0, SAVE_AFTER, save=ckpt)
+    after = _spawn_ranks(tmp_path, "after", SAVE_AFTER, STEPS, resume=ckpt)
+    for rank in range(2):
+        assert before[rank]["losses"] + after[rank]["losses"] == whole[rank]["losses"], rank
+        assert after[rank]["clock"] == whole[rank]["clock"], rank
+        assert after[rank]["stream"] == whole[rank]["stream"], rank
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
