@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
+#include <string>
 #include <sstream>
 
 namespace zion::dist {
@@ -61,6 +63,13 @@ std::string per_rank(const std::vector<RankSide>& sides, F field) {
   return out.str();
 }
 
+// c10d::ReduceOp's names, in the order of its RedOpType.
+std::string reduce_op_name(int64_t op) {
+  static const char* const names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM", "UNUSED"};
+  if (op >= 0 && op < static_cast<int64_t>(std::size(names))) return names[op];
+  return std::to_string(op);
+}
+
 template <typename F>
 bool all_equal(const std::vector<RankSide>& sides, F field) {
   return std::all_of(sides.begin(), sides.end(), [&](const RankSide& s) { return field(s) == field(sides[0]); });
@@ -97,7 +106,10 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.root; }), "zion backend: ", name,
               ": ranks name different roots (", per_rank(sides, [](const RankSide& s) { return s.root; }), ")");
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.reduce_op; }), "zion backend: ", name,
-              ": ranks name different reduce ops (", per_rank(sides, [](const RankSide& s) { return s.reduce_op; }), ")");
+              ": ranks name different reduce ops (", per_rank(sides, [](const RankSide& s) { return reduce_op_name(s.reduce_op); }), ")");
+  // PREMUL_SUM carries a factor the backend does not receive; every rank asked for it, so every rank refuses.
+  TORCH_CHECK(mine.reduce_op < 8, "zion backend: ", name, ": reduce op ", reduce_op_name(mine.reduce_op),
+              " is not supported; the zion backend reduces with SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR");
   std::vector<int> seen;
   for (const auto& s : sides) {
     TORCH_CHECK(std::find(seen.begin(), seen.end(), s.device) == seen.end(), "zion backend: two ranks of the group are placed on the same device ",

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "device/allocator.h"
+#include "device/copy.h"
 #include "device/generator.h"
 #include "device/runtime.h"
 #include "device/stream.h"
@@ -109,6 +110,7 @@ void bind_device(py::module_& m) {
   d.def("synchronize", [](int index) { return device::runtime().timeline.wait_device(index); }, py::arg("index"));
   d.def("reset_clock", [] {
     device::runtime().timeline.reset();
+    device::restore_link_free_times({});  // links queue copies from time zero again
     device::runtime().clear_guessed();
   });
   d.def("guessed_ops", [](int index) { return device::runtime().guessed(static_cast<c10::DeviceIndex>(index)); },
