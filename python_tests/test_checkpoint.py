@@ -168,7 +168,7 @@ def test_state_dict_round_trips_in_process_and_refuses_a_foreign_state():
     with pytest.raises(ValueError, match="host_s must be a number, got str"):
         zion_emu.load_state_dict(broken)
     short = dict(sd, timeline=dict(sd["timeline"], streams_s=sd["timeline"]["streams_s"][:3]))
-    with pytest.raises(ValueError, match="the saved timeline has 3 devices .* this one has 8"):
+    with pytest.raises(ValueError, match=r"the saved timeline has 3 tracks .* this one has 16 \(one per device, then one per CPU socket\)"):
         zion_emu.load_state_dict(short)
     assert zion_emu.clock() == clock  # a refused state changes nothing
 

@@ -232,9 +232,10 @@ TimelineState Timeline::state() const {
 void Timeline::restore(const TimelineState& state) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state.streams.size() != streams_.size() || state.counters.size() != streams_.size()) {
-    throw std::invalid_argument("the saved timeline has " + std::to_string(state.streams.size()) + " devices (" +
+    throw std::invalid_argument("the saved timeline has " + std::to_string(state.streams.size()) + " tracks (" +
                                 std::to_string(state.counters.size()) + " counter sets); this one has " +
-                                std::to_string(streams_.size()) + ": restore on the same platform");
+                                std::to_string(streams_.size()) +
+                                " (one per device, then one per CPU socket): restore on the same platform");
   }
   for (const auto& device : state.streams) {
     if (device.empty()) throw std::invalid_argument("a saved device has no streams (stream 0 always exists)");
