@@ -85,7 +85,9 @@ double count_field(const py::handle& value, const std::string& op, const char* k
 OpWork to_op_work(const py::handle& result, const std::string& op) {
   if (py::isinstance<OpWork>(result)) return result.cast<OpWork>();
   if (!py::isinstance<py::dict>(result)) {
-    throw py::type_error("op cost formula for " + op + " must return an OpWork or a dict, got " +
+    throw py::type_error("op cost formula for " + op +
+                         " must return an OpWork, a dict (flops, bytes, op_class, gathered_bytes) or, through "
+                         "zion_emu.cost.register, a (flops, bytes) pair; got " +
                          std::string(py::str(py::type::of(result).attr("__name__"))));
   }
   OpWork work;

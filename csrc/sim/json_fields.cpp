@@ -44,6 +44,10 @@ const nlohmann::json& JsonFields::array(const std::string& key) {
   return value;
 }
 
+namespace {
+constexpr double kLargestPositive = 1e18;
+}  // namespace
+
 double JsonFields::number(const std::string& key) {
   const auto& value = get(key);
   if (!value.is_number()) fail(key, "must be a number, got " + describe_json_value(value));
@@ -55,6 +59,9 @@ double JsonFields::number(const std::string& key) {
 double JsonFields::positive(const std::string& key) {
   double x = number(key);
   if (!(x > 0)) fail(key, "must be > 0, got " + get(key).dump());
+  // Rates and sizes are later scaled (GB/s -> bytes/s) and divided into;
+  // a value past any machine's would overflow or underflow there.
+  if (x > kLargestPositive) fail(key, "must be at most 1e18, got " + get(key).dump());
   return x;
 }
 

@@ -76,7 +76,7 @@ void merge_into(json& base, const json& top) {
 }
 
 json load_merged(const std::string& name_or_path, const std::vector<std::string>& dirs,
-                 const fs::path& relative_to, std::set<std::string>& seen) {
+                 const fs::path& relative_to, std::set<std::string>& seen, bool* has_base = nullptr) {
   fs::path path = resolve(name_or_path, dirs, relative_to);
   std::string key = fs::weakly_canonical(path).string();
   if (!seen.insert(key).second) {
@@ -87,6 +87,7 @@ json load_merged(const std::string& name_or_path, const std::vector<std::string>
     throw ConfigError("platform file '" + path.string() + "' must hold a JSON object, got " + doc.type_name());
   }
   auto base_it = doc.find("base");
+  if (has_base) *has_base = base_it != doc.end();
   if (base_it == doc.end()) return doc;
   if (!base_it->is_string()) {
     throw ConfigError("platform file '" + path.string() + "': field 'base' must be a preset name or a path");
@@ -382,10 +383,19 @@ std::vector<std::string> preset_names(const std::vector<std::string>& dirs) {
 Platform load_platform(const std::string& name_or_path, const std::vector<Override>& overrides,
                        const std::vector<std::string>& dirs) {
   std::set<std::string> seen;
-  json doc = load_merged(name_or_path, dirs, {}, seen);
+  bool has_base = false;
+  json doc = load_merged(name_or_path, dirs, {}, seen, &has_base);
   std::string origin = "'" + name_or_path + "'";
   for (const auto& ov : overrides) apply_override(doc, ov, origin);
-  return parse(doc, origin);
+  try {
+    return parse(doc, origin);
+  } catch (const ConfigError& e) {
+    std::string what = e.what();
+    if (has_base || what.find("is missing") == std::string::npos) throw;
+    // A partial file most likely meant to change a preset.
+    throw ConfigError(what + "; a platform file without \"base\" must give every field: to change only some, "
+                      "start it with {\"base\": \"zion\", ...} (or another preset)");
+  }
 }
 
 Platform platform_from_json_text(const std::string& text, const std::string& origin) {
