@@ -6,7 +6,6 @@
 #include "device/stream.h"
 
 namespace zion::device {
-namespace {
 
 sim::DType model_dtype(c10::ScalarType t) {
   switch (t) {
@@ -18,6 +17,9 @@ sim::DType model_dtype(c10::ScalarType t) {
     default: return sim::DType::kFp32;
   }
 }
+
+namespace {
+
 
 // Fills `out` from `tensors`, reusing the vectors' capacity.
 void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDesc>& out) {

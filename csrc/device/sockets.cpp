@@ -14,6 +14,7 @@
 
 #include "device/allocator.h"
 #include "device/host_memory.h"
+#include "device/op_pricing.h"
 #include "device/runtime.h"
 
 namespace zion::device {
@@ -55,16 +56,6 @@ SocketModel& socket_model() {
   return instance;
 }
 
-sim::DType model_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::BFloat16: return sim::DType::kBf16;
-    case c10::ScalarType::Half: return sim::DType::kFp16;
-    case c10::ScalarType::Char:
-    case c10::ScalarType::Byte:
-    case c10::ScalarType::Bool: return sim::DType::kInt8;
-    default: return sim::DType::kFp32;
-  }
-}
 
 // Every op the thread runs while a socket scope is set is observed through
 // RecordFunction (as the profiler observes ops: dispatch is unchanged, and
