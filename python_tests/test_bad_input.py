@@ -208,6 +208,39 @@ def test_an_op_with_only_a_cuda_kernel_names_the_op_and_why():
         torch.ops.aten._flash_attention_forward(q, q, q, None, None, 4, 4, 0.0, False, False)
 
 
+_CSR = (torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("make, layout, what", [
+    (lambda: torch.eye(3).to_sparse_csr().to("zion"), "SparseCsr", "moving a tensor to zion"),
+    (lambda: torch.eye(2).to_sparse_csc().to("zion:1"), "SparseCsc", "moving a tensor to zion"),
+    (lambda: torch.eye(2).to_sparse_bsr((1, 1)).to("zion", torch.float64), "SparseBsr", "moving a tensor to zion"),
+    (lambda: torch.sparse_csr_tensor(*_CSR, device="zion"), "SparseCsr", "aten::sparse_compressed_tensor"),
+    (lambda: torch.sparse_compressed_tensor(*_CSR, (2, 2), layout=torch.sparse_csc, device="zion"), "SparseCsc",
+     "aten::sparse_compressed_tensor"),
+    (lambda: torch.eye(3, device="zion").to_sparse_csr(), "SparseCsr", "aten::to_sparse_csr"),
+    (lambda: torch.eye(3, device="zion").to_sparse().to_sparse_csr(), "SparseCsr", "aten::to_sparse_csr"),
+    (lambda: torch.eye(4, device="zion").to_sparse(layout=torch.sparse_bsc, blocksize=(2, 2)), "SparseBsc",
+     "an op's result"),
+])
+@pytest.mark.filterwarnings("ignore:Sparse (CSR tensor support|invariant checks)")
+def test_a_sparse_compressed_tensor_is_refused_before_it_reaches_zion(make, layout, what):
+    """zion takes strided and sparse COO; a CSR/CSC/BSR/BSC zion tensor would fail at its first op."""
+    with pytest.raises(NotImplementedError, match=rf"zion: {re.escape(what)} would make a {layout} tensor on zion, "
+                                                  r"and zion supports only the strided and sparse COO layouts "
+                                                  r"\(torch.strided, torch.sparse_coo\)\. Convert with \.to_dense\(\) "
+                                                  r"or \.to_sparse\(\) first\."):
+        make()
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")
+def test_a_sparse_compressed_cpu_tensor_still_converts_and_reaches_zion_through_coo_or_dense():
+    csr = torch.eye(3).to_sparse_csr()
+    assert csr.to(torch.float64).layout == torch.sparse_csr  # CPU conversions are untouched
+    assert torch.equal(csr.to_sparse().to("zion").to_dense().cpu(), torch.eye(3))
+    assert torch.equal(csr.to_dense().to("zion").cpu(), torch.eye(3))
+
+
 def test_set_platform_after_the_first_tensor_says_why_it_is_refused():
     held = torch.ones(4, device="zion")  # a live tensor: its pool holds memory
     with pytest.raises(RuntimeError, match=r"set_platform must come before any zion tensor is made; \d+ bytes are "

@@ -13,6 +13,7 @@
 #include <ATen/ops/_nnz_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/_values_native.h>
 #include <ATen/ops/dense_dim_native.h>
 #include <ATen/ops/empty_native.h>
@@ -140,7 +141,59 @@ at::Tensor empty_sparse(c10::IntArrayRef size, std::optional<c10::ScalarType> dt
   return at::native::empty_sparse(size, dtype, layout, device, pin_memory, memory_format);
 }
 
+// Sparse compressed layouts are not modeled. Each way to make a compressed
+// zion tensor is refused before the tensor exists: the factories and
+// conversions below with zion arguments (at the autograd key, which they reach
+// first), and a compressed CPU tensor's move to zion.
+constexpr const char* kCompressedMakers[] = {
+    "sparse_compressed_tensor.comp_plain_value", "sparse_compressed_tensor.comp_plain_value_size",
+    "sparse_csr_tensor.crow_col_value",          "sparse_csr_tensor.crow_col_value_size",
+    "sparse_csc_tensor.ccol_row_value",          "sparse_csc_tensor.ccol_row_value_size",
+    "sparse_bsr_tensor.crow_col_value",          "sparse_bsr_tensor.crow_col_value_size",
+    "sparse_bsc_tensor.ccol_row_value",          "sparse_bsc_tensor.ccol_row_value_size",
+    "_sparse_compressed_tensor_unsafe",          "_sparse_compressed_tensor_with_dims",
+    "_sparse_csr_tensor_unsafe",                 "_sparse_csc_tensor_unsafe",
+    "_sparse_bsr_tensor_unsafe",                 "_sparse_bsc_tensor_unsafe",
+    "to_sparse_csr",                             "to_sparse_csc",
+    "to_sparse_bsr",                             "to_sparse_bsc",
+    "_to_sparse_csr",                            "_to_sparse_csc",
+    "_to_sparse_bsr",                            "_to_sparse_bsc",
+};
+
+c10::Layout layout_made_by(const std::string& name) {
+  if (name.find("csc") != std::string::npos) return c10::kSparseCsc;
+  if (name.find("bsr") != std::string::npos) return c10::kSparseBsr;
+  if (name.find("bsc") != std::string::npos) return c10::kSparseBsc;
+  return c10::kSparseCsr;
+}
+
+void refuse_compressed_maker(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  c10::Layout layout = layout_made_by(schema.name());
+  if (auto index = schema.argumentIndexWithName("layout")) {
+    const c10::IValue& v = *(stack->end() - static_cast<std::ptrdiff_t>(schema.arguments().size() - *index));
+    if (!v.isNone()) layout = v.toLayout();
+  }
+  refuse_layout(layout, schema.name());
+}
+
+at::Tensor to_copy_compressed(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                              std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                              std::optional<bool> pin_memory, bool non_blocking,
+                              std::optional<c10::MemoryFormat> memory_format) {
+  if (device && device->is_privateuseone() && layout.value_or(self.layout()) != c10::kStrided) {
+    refuse_layout(layout.value_or(self.layout()), "moving a tensor to zion");
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+}
+
 }  // namespace
+
+void refuse_layout(c10::Layout layout, const std::string& what) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "zion: ", what, " would make a ", layout,
+                              " tensor on zion, and zion supports only the strided and sparse COO layouts "
+                              "(torch.strided, torch.sparse_coo). Convert with .to_dense() or .to_sparse() first.");
+}
 
 at::Tensor sparse_to_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceIndex device) {
   return sparse_like(t, aliases.to_zion(t._indices()), aliases.to_zion(t._values()),
@@ -161,6 +214,14 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("is_coalesced", &at::native::is_coalesced_sparse);
   m.impl("_coalesced_", &at::native::_coalesced_sparse_);
 }
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  for (const char* name : kCompressedMakers) m.impl(name, torch::CppFunction::makeFromBoxedFunction<&refuse_compressed_maker>());
+}
+
+// A compressed CPU tensor moved to zion dispatches here: the target device
+// joins the key set, and SparseCsr with zion's backend bit wins.
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) { m.impl("_to_copy", &to_copy_compressed); }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>()); }
 

@@ -11,4 +11,9 @@ class AliasSet;
 // zion tensors through `aliases` (views of arguments, or adopted).
 at::Tensor sparse_to_zion(const at::Tensor& cpu_sparse, AliasSet& aliases, c10::DeviceIndex device);
 
+// zion takes strided and sparse COO tensors. A tensor of any other layout
+// (CSR, CSC, BSR, BSC, MKL-DNN, ...) is refused where it would be made, naming
+// `what` made it and the layouts allowed, as NotImplementedError.
+[[noreturn]] void refuse_layout(c10::Layout layout, const std::string& what);
+
 }  // namespace zion::device

@@ -73,8 +73,9 @@ void AliasSet::commit() {
 at::Tensor AliasSet::to_zion(const at::Tensor& out) {
   if (!out.defined() || !out.device().is_cpu()) return out;
   if (out.is_sparse()) return sparse_to_zion(out, *this, device_);
-  TORCH_CHECK(out.has_storage(), "zion: a CPU kernel returned a ", out.layout(),
-              " tensor without storage; this op is not supported on zion yet");
+  if (out.layout() != c10::kStrided) refuse_layout(out.layout(), "an op's result");
+  TORCH_CHECK(out.has_storage(), "zion: a CPU kernel returned a strided tensor without storage (",
+              out.unsafeGetTensorImpl()->device_type(), " ", out.key_set(), "); zion cannot adopt it");
   c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
   if (c10::Storage* zion = find(zion_of_, storage)) {
     return tensor_over(*zion, c10::DispatchKey::PrivateUse1, out);  // a view of an argument
