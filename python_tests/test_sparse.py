@@ -1,8 +1,11 @@
 """Sparse COO tensors on zion: what nn.EmbeddingBag(sparse=True) training needs."""
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import zion_emu  # noqa: F401
+from zion_emu import _C
 
 
 def test_sparse_coo_round_trip_and_accessors():
@@ -51,3 +54,79 @@ def test_embedding_bag_sparse_with_mlp_trains_20_steps_bit_equal_to_cpu():
     zion_losses, zion_weight = train("zion")
     assert zion_losses == cpu_losses
     assert torch.equal(zion_weight, cpu_weight)
+
+
+def _coo() -> torch.Tensor:
+    return torch.sparse_coo_tensor(torch.tensor([[0, 1, 1], [2, 0, 2]]), torch.tensor([3.0, 4.0, 5.0]), (2, 3))
+
+
+def test_clone_of_a_sparse_zion_tensor_is_a_copy_on_the_same_device():
+    z = _coo().to("zion:1")
+    c = z.clone()
+    assert c.is_sparse and c.device == torch.device("zion:1") and c._nnz() == 3
+    assert c._values().data_ptr() != z._values().data_ptr()
+    c._values().mul_(2)  # the clone owns its values
+    assert torch.equal(z.to_dense().cpu(), _coo().to_dense())
+    assert torch.equal(c.to_dense().cpu(), 2 * _coo().to_dense())
+
+
+def test_sparse_copy_between_host_and_zion_both_ways_converts_dtype_and_charges_the_link():
+    src = _coo()
+    dst = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=torch.float64), (5, 5),
+                                  device="zion")
+    torch.zion.synchronize()
+    start = _C.device.host_time()
+    dst.copy_(src)  # blocking, pageable: two staged H2D copies, indices then values
+    # dst keeps its dtype (float64): the values are converted on the host, then moved as 24 bytes
+    expected = sum(b / 153.6e9 + 5e-6 + 300e-9 + b / 12e9 for b in (6 * 8, 3 * 8))
+    assert _C.device.host_time() - start == pytest.approx(expected, rel=1e-9)
+    assert dst.device == torch.device("zion:0") and dst.dtype == torch.float64 and dst.shape == (2, 3)
+    assert torch.equal(dst.to_dense().cpu(), src.to_dense().double())
+    back = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, 3))
+    back.copy_(dst)
+    assert back.device.type == "cpu" and back.dtype == torch.float32
+    assert torch.equal(back.to_dense(), src.to_dense())
+
+
+def test_copy_between_dense_and_sparse_is_refused_as_on_the_cpu():
+    with pytest.raises(RuntimeError, match=r"copy_\(\) between dense and sparse Tensors is not implemented"):
+        torch.zeros(2, 3, device="zion").copy_(_coo().to("zion"))
+    with pytest.raises(RuntimeError, match=r"copy_\(\) between dense and sparse Tensors is not implemented"):
+        _coo().to("zion").copy_(torch.zeros(2, 3, device="zion"))
+
+
+def test_a_user_dispatch_mode_around_a_sparse_backward_sees_every_op_and_changes_nothing():
+    """Autograd clones a sparse gradient it does not own; a mode that keeps its arguments makes it do so."""
+    seen = []
+
+    class Keep(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append((func, args))
+            return func(*args, **(kwargs or {}))
+
+    def grad(device: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        bag = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True).to(device)
+        idx, off = torch.tensor([1, 2, 3, 4, 2]).to(device), torch.tensor([0, 2]).to(device)
+        with Keep():
+            bag(idx, off).pow(2).sum().backward()
+        return bag.weight.grad
+
+    cpu, seen_cpu = grad("cpu"), len(seen)
+    seen.clear()
+    zion = grad("zion")
+    assert zion.is_sparse and zion.device.type == "zion"
+    assert torch.equal(zion.to_dense().cpu(), cpu.to_dense())
+    assert len(seen) == seen_cpu and any(func is torch.ops.aten.clone.default for func, _ in seen)
+
+
+def test_sparse_tensors_stay_on_a_device_other_than_the_current_one():
+    z = _coo().to("zion:3")  # the current device is zion:0
+    results = [z, z + z, z.coalesce(), z * 2, z.clone(), z.to("zion:5").to("zion:3")]
+    for r in results:
+        assert r.device == torch.device("zion:3") and r._values().device == r._indices().device == r.device
+    assert z.to("zion:5")._values().device == torch.device("zion:5")
+    assert torch.equal((z + z).to_dense().cpu(), 2 * _coo().to_dense())
+    bag = torch.nn.EmbeddingBag(10, 4, sparse=True).to("zion:2")
+    bag(torch.tensor([1, 2], device="zion:2"), torch.tensor([0], device="zion:2")).sum().backward()
+    assert bag.weight.grad.device == bag.weight.grad._values().device == torch.device("zion:2")

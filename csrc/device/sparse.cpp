@@ -21,6 +21,7 @@
 #include <ATen/ops/is_coalesced_native.h>
 #include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/values_native.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -35,10 +36,33 @@
 namespace zion::device {
 namespace {
 
+// The native sparse constructors give the new tensor the current device's
+// index; in-tree backends' generated wrappers first set a guard from the
+// `device` argument, and these do the same, so zion:1 stays zion:1.
+c10::OptionalDeviceGuard guard_for(std::optional<c10::Device> device) {
+  if (device && device->is_privateuseone() && device->has_index()) return c10::OptionalDeviceGuard(*device);
+  return c10::OptionalDeviceGuard();
+}
+
+at::Tensor new_sparse_with_tensors(int64_t sparse_dim, int64_t dense_dim, c10::SymIntArrayRef size, const at::Tensor& indices,
+                                   const at::Tensor& values, std::optional<c10::ScalarType> dtype,
+                                   std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                   std::optional<bool> pin_memory, std::optional<bool> is_coalesced) {
+  auto guard = guard_for(device);
+  return at::native::new_with_dims_and_tensor_sparse_symint(sparse_dim, dense_dim, size, indices, values, dtype, layout,
+                                                            device, pin_memory, is_coalesced);
+}
+
+at::Tensor new_sparse_with_dims(int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef size,
+                                std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                                std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  auto guard = guard_for(device);
+  return at::native::new_with_dims_sparse(sparse_dim, dense_dim, size, dtype, layout, device, pin_memory);
+}
+
 at::Tensor sparse_like(const at::Tensor& like, const at::Tensor& indices, const at::Tensor& values, c10::Device device) {
-  return at::native::new_with_dims_and_tensor_sparse_symint(
-      like.sparse_dim(), like.dense_dim(), like.sym_sizes(), indices, values, like.scalar_type(), c10::Layout::Sparse,
-      device, std::nullopt, like.is_coalesced());
+  return new_sparse_with_tensors(like.sparse_dim(), like.dense_dim(), like.sym_sizes(), indices, values,
+                                 like.scalar_type(), c10::Layout::Sparse, device, std::nullopt, like.is_coalesced());
 }
 
 struct SparseCall {
@@ -135,9 +159,27 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// copy_ between sparse tensors where one is on zion (clone reaches it too).
+// As the CPU's copy_sparse_: dst takes src's shape and fresh copies of its
+// indices and values in dst's options; the copies are dense moves, so one
+// between host and zion is charged to its link.
+at::Tensor copy_from_sparse(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(src.is_sparse() && dst.is_sparse(), "copy_() between dense and sparse Tensors is not implemented! Found self type = ",
+              dst.toString(), " and src type = ", src.toString());
+  if (src.is_same(dst)) return dst;
+  at::Tensor indices = src._indices().to(dst._indices().options(), non_blocking, /*copy=*/true);
+  at::Tensor values = src._values().to(dst._values().options(), non_blocking, /*copy=*/true);
+  auto* impl = at::sparse::get_sparse_impl(dst);
+  impl->resize_(src.sparse_dim(), src.dense_dim(), src.sizes());
+  impl->set_indices_and_values_unsafe(indices, values);
+  impl->set_coalesced(src.is_coalesced());
+  return dst;
+}
+
 at::Tensor empty_sparse(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                         std::optional<c10::Device> device, std::optional<bool> pin_memory,
                         std::optional<c10::MemoryFormat> memory_format) {
+  auto guard = guard_for(device);
   return at::native::empty_sparse(size, dtype, layout, device, pin_memory, memory_format);
 }
 
@@ -201,8 +243,8 @@ at::Tensor sparse_to_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceInd
 }
 
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  m.impl("_sparse_coo_tensor_with_dims_and_tensors", &at::native::new_with_dims_and_tensor_sparse_symint);
-  m.impl("_sparse_coo_tensor_with_dims", &at::native::new_with_dims_sparse);
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", &new_sparse_with_tensors);
+  m.impl("_sparse_coo_tensor_with_dims", &new_sparse_with_dims);
   m.impl("empty.memory_format", &empty_sparse);
   m.impl("_indices", &at::native::_indices_sparse);
   m.impl("_values", &at::native::_values_sparse);
@@ -213,6 +255,7 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("dense_dim", &at::native::dense_dim_sparse);
   m.impl("is_coalesced", &at::native::is_coalesced_sparse);
   m.impl("_coalesced_", &at::native::_coalesced_sparse_);
+  m.impl("_copy_from", &copy_from_sparse);
 }
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
