@@ -75,6 +75,7 @@ def _summary() -> dict[str, Any]:
                      c.guessed_ops],
         "labels": {k: [v[0].hex(), v[1]] for k, v in zion_emu._C.timeline.label_totals().items()},
         "peak_bytes": torch.zion.max_memory_allocated(0),
+        "ddr_peaks": [zion_emu._C.host_memory.stats(s)["peak"] for s in range(zion_emu._C.host_memory.sockets())],
     }
 
 
@@ -139,6 +140,7 @@ def test_a_run_resumed_in_a_new_process_matches_the_uninterrupted_run(tmp_path, 
     assert after["restored"]["counters"] == before["saved"]["counters"]
     assert after["restored"]["labels"] == before["saved"]["labels"]
     assert after["restored"]["peak_bytes"] >= before["saved"]["peak_bytes"]
+    assert all(a >= b for a, b in zip(after["restored"]["ddr_peaks"], before["saved"]["ddr_peaks"], strict=True))
     # ... and ends where the uninterrupted run ends.
     for key in ("clock", "stream", "counters", "labels"):
         assert after["end"][key] == whole["end"][key], key
@@ -171,6 +173,34 @@ def test_state_dict_round_trips_in_process_and_refuses_a_foreign_state():
     with pytest.raises(ValueError, match=r"the saved timeline has 3 tracks .* this one has 16 \(one per device, then one per CPU socket\)"):
         zion_emu.load_state_dict(short)
     assert zion_emu.clock() == clock  # a refused state changes nothing
+
+
+def test_ddr_pool_peaks_are_saved_and_a_version_1_state_is_still_read():
+    host = zion_emu._C.host_memory
+    x = torch.ones(1 << 20).pin_memory()  # 4 MiB in socket 0's pool (OAM 0's switch hangs off socket 0)
+    peak = host.stats(0)["peak"]
+    del x
+    sd = zion_emu.state_dict()
+    assert sd["version"] == 2 and len(sd["sockets"]) == host.sockets() == 8
+    assert sd["sockets"][0]["peak_bytes"] == peak >= 4 << 20
+    host.reset_peak(0)
+    assert host.stats(0)["peak"] < peak
+    zion_emu.load_state_dict(sd)
+    assert host.stats(0)["peak"] == peak
+
+    host.reset_peak(0)
+    version_1 = {k: v for k, v in sd.items() if k != "sockets"} | {"version": 1}
+    zion_emu.load_state_dict(version_1)  # read; the pools' peaks are left as they are
+    assert host.stats(0)["peak"] == host.stats(0)["in_use"] < peak
+
+    with pytest.raises(ValueError, match=r"'sockets' must hold one entry per CPU socket \(8\)"):
+        zion_emu.load_state_dict(dict(sd, sockets=sd["sockets"][:1]))
+    negative = [dict(sd["sockets"][0], peak_bytes=-1)] + sd["sockets"][1:]
+    with pytest.raises(ValueError, match=r"sockets\[0\] holds a negative count"):
+        zion_emu.load_state_dict(dict(sd, sockets=negative))
+    with pytest.raises(ValueError, match=r"sockets\[2\] must be a dict of ints with peak_bytes and num_ooms"):
+        zion_emu.load_state_dict(dict(sd, sockets=sd["sockets"][:2] + [None] + sd["sockets"][3:]))
+    assert host.stats(0)["peak"] == host.stats(0)["in_use"]  # refused states changed nothing
 
 
 def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save: str, resume: str,

@@ -5,14 +5,16 @@ continues its modeled clock exactly where it stopped.
 ``state_dict()`` holds the host's clock, every stream's clock, each device's
 counters (FLOPs, bytes, busy time per activity, op counts), the traffic per
 link class, the busy time per label (operator, copy, collective), when each
-link is free of the copies queued on it, each device's HBM peak statistics
-and the zion generators' states. It is plain Python data (floats, ints,
+link is free of the copies queued on it, each device's HBM peak statistics,
+each socket's DDR pool peak (pinned buffers and tensors placed by
+``zion_emu.socket``) and the zion generators' states. It is plain Python data (floats, ints,
 lists, dicts, CPU tensors), so ``torch.save`` of a dict holding it next to a
 model's and an optimizer's state needs nothing else.
 
 ``load_state_dict(sd)`` puts it back, on the same platform: the clocks and
 counters are replaced, the peaks of HBM use become at least the saved ones
-(current use is what the live tensors hold) and the generators are restored.
+and of each socket's DDR pool become at least the saved ones (current use is
+what the live tensors and buffers hold) and the generators are restored.
 Streams created after the restore start at the restored host clock.
 
 Take the snapshot before ``torch.save`` serializes zion tensors (their copies
@@ -23,8 +25,9 @@ counters (Adagrad, Adam) to zion, where it reads them back every step;
 moving them back to the CPU, where the optimizer keeps them, makes the
 resumed run time exactly like the uninterrupted one.
 
-Not saved: recorded trace spans, the per-op table of ``cost.guessed_ops``
-(the counters keep their total) and the pinned host-memory pools.
+Not saved: recorded trace spans (a trace covers the process that recorded
+it) and the per-op table of ``cost.guessed_ops`` (the counters keep their
+total).
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from zion_emu.device import current_platform
 
 __all__ = ["load_state_dict", "state_dict"]
 
-# Bumped when the layout changes; a checkpoint of another version is refused.
-VERSION = 1
+# Bumped when the layout changes. Version 1 had no "sockets" (DDR pool
+# peaks); it is still read, and leaves those peaks as they are.
+VERSION = 2
+_READABLE = (1, 2)
 
 
 def state_dict() -> dict[str, Any]:
@@ -54,12 +59,17 @@ def state_dict() -> dict[str, Any]:
             "peak_allocations": int(stats["allocation"]["peak"]),
             "num_ooms": int(stats["num_ooms"]),
         })
+    sockets = []
+    for socket in range(_C.host_memory.sockets()):
+        stats = _C.host_memory.stats(socket)
+        sockets.append({"peak_bytes": int(stats["peak"]), "num_ooms": int(stats["num_ooms"])})
     return {
         "version": VERSION,
         "platform": platform.name,
         "devices": count,
         "timeline": _C.timeline.state(),
         "memory": memory,
+        "sockets": sockets,
         "rng": [state.clone() for state in torch.zion.get_rng_state_all()],
     }
 
@@ -75,9 +85,9 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
     if missing:
         raise ValueError(f"zion_emu.load_state_dict: the state has no {', '.join(missing)} "
                          "(expected the dict zion_emu.state_dict() returned)")
-    if state["version"] != VERSION:
+    if state["version"] not in _READABLE:
         raise ValueError(f"zion_emu.load_state_dict: state version {state['version']!r} is not supported "
-                         f"(this zion_emu reads version {VERSION})")
+                         f"(this zion_emu reads versions {', '.join(map(str, _READABLE))})")
     platform = current_platform()
     count = torch.zion.device_count()
     if state["platform"] != platform.name or state["devices"] != count:
@@ -98,6 +108,20 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"zion_emu.load_state_dict: memory[{index}] must be a dict of ints with peak_bytes, "
                              f"peak_allocations and num_ooms, got {entry!r}") from None
+    socket_peaks = []
+    if state["version"] >= 2:
+        sockets, count_sockets = state.get("sockets"), _C.host_memory.sockets()
+        if not isinstance(sockets, (list, tuple)) or len(sockets) != count_sockets:
+            raise ValueError(f"zion_emu.load_state_dict: 'sockets' must hold one entry per CPU socket "
+                             f"({count_sockets})")
+        for index, entry in enumerate(sockets):
+            try:
+                socket_peaks.append((int(entry["peak_bytes"]), int(entry["num_ooms"])))
+            except (KeyError, TypeError, ValueError):
+                raise ValueError(f"zion_emu.load_state_dict: sockets[{index}] must be a dict of ints with "
+                                 f"peak_bytes and num_ooms, got {entry!r}") from None
+            if min(socket_peaks[-1]) < 0:
+                raise ValueError(f"zion_emu.load_state_dict: sockets[{index}] holds a negative count: {entry!r}")
     # torch.load(map_location="zion") moves the generator states with everything
     # else; generators take CPU bytes. Copied back before the clocks are
     # restored, so the copies are not charged to the resumed run.
@@ -105,4 +129,6 @@ def load_state_dict(state: Mapping[str, Any]) -> None:
     _C.timeline.restore(dict(state["timeline"]))  # validates every field before changing anything
     for index, (peak_bytes, peak_allocations, num_ooms) in enumerate(peaks):
         _C.timeline.restore_peak_memory(index, peak_bytes, peak_allocations, num_ooms)
+    for socket, (peak_bytes, num_ooms) in enumerate(socket_peaks):
+        _C.host_memory.restore_peak(socket, peak_bytes, num_ooms)
     torch.zion.set_rng_state_all(rng)

@@ -3,6 +3,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -145,6 +146,15 @@ void PinnedAllocator::reset_peak(int socket) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK_INDEX(socket >= 0 && socket < static_cast<int>(pools_.size()), "zion: socket ", socket, " does not exist");
   pools_[socket].peak = pools_[socket].in_use;
+}
+
+void PinnedAllocator::restore_peak(int socket, int64_t peak, int64_t num_ooms) {
+  TORCH_CHECK_VALUE(peak >= 0 && num_ooms >= 0, "zion: saved DDR statistics must be >= 0; got peak=", peak,
+                    ", num_ooms=", num_ooms);
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK_INDEX(socket >= 0 && socket < static_cast<int>(pools_.size()), "zion: socket ", socket, " does not exist");
+  pools_[socket].peak = std::max(pools_[socket].peak, peak);
+  pools_[socket].num_ooms = num_ooms;
 }
 
 int PinnedAllocator::sockets() const {

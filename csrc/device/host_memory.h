@@ -41,6 +41,8 @@ class PinnedAllocator final : public c10::Allocator {
   bool is_pinned(const void* ptr) const;
   SocketMemoryStats stats(int socket) const;
   void reset_peak(int socket);
+  // A checkpoint's statistics: the peak becomes at least `peak`, num_ooms is replaced.
+  void restore_peak(int socket, int64_t peak, int64_t num_ooms);
   int sockets() const;
   // Frees a buffer of the pools; false (and nothing done) for any other pointer.
   bool release(void* ptr);

@@ -29,6 +29,11 @@ void bind_host_memory(py::module_& m) {
     return out;
   }, py::arg("socket"));
   h.def("reset_peak", [](int socket) { device::pinned_allocator().reset_peak(socket); }, py::arg("socket"));
+  h.def("restore_peak", [](int socket, int64_t peak, int64_t num_ooms) {
+    device::runtime();
+    device::pinned_allocator().restore_peak(socket, peak, num_ooms);
+  }, py::arg("socket"), py::arg("peak"), py::arg("num_ooms"),
+        "A checkpoint's statistics: the pool's peak becomes at least `peak`, num_ooms is replaced");
   h.def("current_socket", [] { return device::current_socket(); });
   h.def("scoped_socket", [] { return device::scoped_socket(); }, "zion_emu.socket(i) of this thread, or -1");
   h.def("set_scoped_socket", [](int socket) { device::set_socket_scope(socket); }, py::arg("socket"),
