@@ -6,9 +6,12 @@ connected; launch overhead 5 us.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -138,13 +141,55 @@ def test_interrupted_run_still_writes_the_partial_report(tmp_path):
         for step in range(1000):
             opt.step()
     """)
-    out = tmp_path / "report.json"
-    r = zion_emu_cli("run", "--report", str(out), str(script), check=False)
+    out, trace = tmp_path / "report.json", tmp_path / "trace.json"
+    r = zion_emu_cli("run", "--report", str(out), "--trace", str(trace), str(script), check=False)
     assert r.returncode == 130
     assert "partial report" in r.stderr
     report = json.loads(out.read_text())
     assert report["iterations"] == 3
     assert report["status"]["ranks"]["0"]["exit"] == "interrupted"
+    assert any(e.get("name") == "aten::addmm" for e in json.loads(trace.read_text())["traceEvents"])
+
+
+def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves_no_process(tmp_path):
+    """Ctrl-C as a terminal sends it: SIGINT to the foreground process group."""
+    script = write(tmp_path, "loop.py", """
+        import os, pathlib, torch, torch.distributed as dist
+        dist.init_process_group("zion")
+        rank = dist.get_rank()
+        model = torch.nn.Linear(8, 8).to(f"zion:{rank}")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10**9):
+            model(torch.ones(4, 8, device=f"zion:{rank}")).sum().backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            (pathlib.Path(os.environ["PIDS"]) / str(os.getpid())).touch()
+    """)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    out, trace = tmp_path / "report.json", tmp_path / "trace.json"
+    proc = subprocess.Popen([sys.executable, "-m", "zion_emu", "run", "--nproc", "2", "--report", str(out), "--trace",
+                             str(trace), str(script)], env=dict(os.environ, PIDS=str(pids)), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(pids.iterdir())) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    assert "rank 0 interrupted" in stderr and "rank 1 interrupted" in stderr
+    assert "(partial: the run was interrupted)" in stdout
+    report = json.loads(out.read_text())
+    assert report["status"]["interrupted"] and report["status"]["exit_code"] == 130
+    assert {k: v["exit"] for k, v in report["status"]["ranks"].items()} == {"0": "interrupted", "1": "interrupted"}
+    assert report["iterations"] >= 1
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "all_reduce" for e in events)
+    for pid in (int(p.name) for p in pids.iterdir()):
+        assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} is still there"
 
 
 def test_an_unwritable_trace_is_reported_and_the_run_still_finishes(tmp_path):

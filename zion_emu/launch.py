@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -113,6 +114,7 @@ def main(argv: list[str]) -> int:
         status = {"exit": "exception", "code": code, "error": f"{type(e).__name__}: {e}"}
     if compat is not None:
         status["cuda_compat_remapped"] = compat.remapped()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # another Ctrl-C must not cut the report short
     try:
         _write_snapshot(run_dir, rank, steps, status)
     except Exception as e:  # the report is lost, the script's result is not

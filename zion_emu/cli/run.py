@@ -89,7 +89,7 @@ def command(args: argparse.Namespace, run_dir: Path) -> list[str]:
     single = args.nproc == 1 and str(args.nnodes) == "1"
     if single:
         return rank_main
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
+    return [sys.executable, "-m", "zion_emu.cli.agent", f"--nproc-per-node={args.nproc}",
             f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
             f"--master-port={args.master_port or _free_port()}", "--redirects=0", "--tee=0",
             "-m", "zion_emu.launch", args.script, *args.script_args]
@@ -102,19 +102,24 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subpro
     env.setdefault("PYTHONUNBUFFERED", "1")
     if str(args.nnodes) == "1" and args.master_addr in ("127.0.0.1", "localhost"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
-    return subprocess.Popen(command(args, run_dir), env=env, stdout=stdout)
+    # Its own process group: a Ctrl-C reaches this process alone, which passes
+    # it on once to the child (see wait).
+    return subprocess.Popen(command(args, run_dir), env=env, stdout=stdout, start_new_session=True)
 
 
 def wait(child: subprocess.Popen) -> tuple[int, bool]:
-    """Waits for the ranks; Ctrl-C reaches them (same process group) and they
-    write partial reports, which this waits for. Returns (code, interrupted)."""
+    """Waits for the ranks. A Ctrl-C is passed to the child: the one rank, or
+    torchrun's launcher, which passes it to every rank. The ranks write
+    partial reports, which this waits for; a second Ctrl-C is passed on
+    again. Returns (code, interrupted)."""
     interrupted = False
     while True:
         try:
             return child.wait(), interrupted
         except KeyboardInterrupt:
+            if not interrupted:
+                print("zion-emu: interrupted; waiting for the ranks to write their partial reports", file=sys.stderr)
             interrupted = True
-            print("zion-emu: interrupted; waiting for the ranks to write their partial reports", file=sys.stderr)
             try:
                 child.send_signal(signal.SIGINT)
             except ProcessLookupError:
@@ -151,6 +156,8 @@ def finish(args: argparse.Namespace, snaps: list[dict[str, Any]], code: int, int
         merged["samples_per_iteration"] = sum(declared) if all(declared) else None
     if merged["samples_per_iteration"] and merged["iteration_s"]:
         merged["samples_per_s"] = merged["samples_per_iteration"] / merged["iteration_s"]
+    if interrupted:
+        code = 128 + signal.SIGINT  # as a shell reports a run stopped by Ctrl-C
     merged["status"] = {"exit_code": code, "interrupted": interrupted,
                         "ranks": {s["rank"]: s.get("status") for s in snaps}}
     remapped: dict[str, int] = {}
