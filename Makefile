@@ -28,25 +28,27 @@ bench: $(STAMP)
 	$(PYTHON) bench/run_all.py --build
 
 # AddressSanitizer + UBSan build (CMake option ZION_SANITIZE) into
-# $(ZION_BUILD_DIR), with its own package tree (the Python sources linked, the
+# $(ASAN_BUILD_DIR), with its own package tree (the Python sources linked, the
 # sanitized libraries beside them) so the regular in-place build is untouched.
 # Python itself is not sanitized: the runtimes are preloaded, and leak
 # detection is off because CPython keeps objects alive until exit by design.
-ZION_BUILD_DIR ?= build/asan
-SANITIZE_TESTS ?= python_tests/test_device.py python_tests/test_copies.py python_tests/test_sparse.py \
-	python_tests/test_threads.py python_tests/test_stress.py python_tests/test_checkpoint.py
-ASAN_PKG = $(ZION_BUILD_DIR)/pkg/zion_emu
+# Every report is fatal (ASan's by default, UBSan's by halt_on_error), so a
+# report anywhere, in pytest or a process a test starts, fails the run.
+ASAN_BUILD_DIR ?= build/asan
+SANITIZE_TESTS ?= python_tests
+ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
 
 sanitize:
 	$(PYTHON) -m pip install -q -r requirements.txt
-	cmake -S . -B $(ZION_BUILD_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZION_SANITIZE=ON \
+	cmake -S . -B $(ASAN_BUILD_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZION_SANITIZE=ON \
 		-DZION_EXTENSION_DIR=$(abspath $(ASAN_PKG)) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
-	cmake --build $(ZION_BUILD_DIR)/cmake --target _C
-	cp $(ZION_BUILD_DIR)/cmake/libzion_emu.so $(ASAN_PKG)/
+	cmake --build $(ASAN_BUILD_DIR)/cmake --target _C
+	cp $(ASAN_BUILD_DIR)/cmake/libzion_emu.so $(ASAN_PKG)/
 	for f in zion_emu/*.py zion_emu/cli zion_emu/platforms; do ln -sfn $(abspath .)/$$f $(ASAN_PKG)/; done
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
-		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-		PYTHONPATH=$(abspath $(ZION_BUILD_DIR))/pkg $(PYTHON) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
+		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake PYTHONPATH=$(abspath $(ASAN_BUILD_DIR))/pkg \
+		$(PYTHON) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 clean:
 	rm -rf build zion_emu/_C*.so zion_emu/_dist*.so zion_emu/libzion_emu.so

@@ -28,9 +28,10 @@ import zion_emu
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = Path(os.environ.get("ZION_BUILD_DIR", ROOT / "build" / "cmake")).resolve()
-# Stable build directories: a second run rebuilds nothing, and ccache serves
-# a fresh checkout.
-TEST_BUILD = ROOT / "build" / "test-cpp"
+# Stable build directories beside the library's (build/test-cpp for the
+# regular build, build/asan/test-cpp for make sanitize's): a second run
+# rebuilds nothing, and ccache serves a fresh checkout.
+TEST_BUILD = BUILD_DIR.parent / "test-cpp"
 BUILD_TIMEOUT_S = 900
 # A test that builds a program (one torch TU, 30-120 s) may run past the suite's 300 s.
 builds = pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
