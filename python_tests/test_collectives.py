@@ -155,3 +155,41 @@ def test_bad_requests_name_the_problem(platform):
         sim.collective_time(p, "all_reduce", 1024, 8, algo="in_switch")
     with pytest.raises(ValueError, match="4x4 matrix"):
         sim.collective(p, "all_to_all", 0, 4, all_to_all_bytes=[[1, 2], [3, 4]])
+
+
+@pytest.fixture(scope="module")
+def zionex_1024():
+    import zion_emu
+
+    return zion_emu.load_platform("zionex", overrides={"nodes": 128})
+
+
+@pytest.mark.parametrize("S", [3 * 2**20, GIB])
+def test_a_ring_over_1024_ranks_is_paced_by_its_inter_node_hop_at_any_size(zionex_1024, S):
+    # zionex, 128 nodes: too many transfers to simulate (2 x 1024 x 1023), so
+    # estimated step by step. Each of the n-1 steps sends S/(2n) each way
+    # around the ring. The slowest flow is the one between nodes: OAM ->
+    # PCIe switch -> NIC -> ToR -> NIC -> PCIe switch -> OAM, latency
+    # 2 x (150 + 150 + 1300) ns, paced by the OAM's 24 GB/s gen4 x16 link.
+    # (The hop inside a node, 600 ns + S/(2n) / 34.29 GB/s, is shorter.)
+    n, base = 1024, 6.6e-6
+    expected = base + (n - 1) * (2 * (150 + 150 + 1300) * 1e-9 + S / (2 * n) / (24 * GB))
+    r = sim.collective(zionex_1024, "all_gather", S, n, algo="ring")
+    assert not r.closed_form
+    assert r.time == pytest.approx(expected, rel=1e-12)
+    # The size-independent lines kept per rank set give what planning at this size gives.
+    planned = sim.collective(zionex_1024, "all_gather", S, n, algo="ring", force_simulation=True)
+    assert r.time == pytest.approx(planned.time, rel=1e-12)
+
+
+def test_auto_over_1024_ranks_picks_the_fastest_of_the_algorithms_forced_one_by_one(zionex_1024):
+    n = 1024
+    for S in (2**20, 5 * 2**20):
+        forced = {algo: sim.collective_time(zionex_1024, "all_gather", S, n, algo=algo)
+                  for algo in ("ring", "direct", "halving_doubling", "hierarchical")}
+        auto = sim.collective(zionex_1024, "all_gather", S, n)
+        assert auto.time == min(forced.values())
+        assert auto.algorithm == min(forced, key=forced.get) == "hierarchical"
+        # direct (a million transfers) is estimated step by step, from its lines at any size
+        planned = sim.collective(zionex_1024, "all_gather", S, n, algo="direct", force_simulation=True)
+        assert forced["direct"] == pytest.approx(planned.time, rel=1e-12)

@@ -203,13 +203,23 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
     const auto& menu = settings_.auto_algorithms.empty() ? concrete_algorithms() : settings_.auto_algorithms;
     std::vector<Algorithm> candidates = wanted == Algorithm::kAuto ? menu : std::vector<Algorithm>{wanted};
     if (request.op == CollectiveOp::kSendRecv) candidates = {Algorithm::kDirect};
+    // Branch and bound: cheapest estimate first, so an algorithm that cannot
+    // beat a closed form is never simulated. Ties go to the menu's order.
+    std::vector<std::pair<Seconds, size_t>> order;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      order.emplace_back(candidates.size() > 1 ? in.estimate(candidates[i]) : 0.0, i);
+    }
+    std::sort(order.begin(), order.end());
     std::string reasons;
     result.time = std::numeric_limits<double>::infinity();
-    for (Algorithm a : candidates) {
+    size_t chosen = candidates.size();
+    for (const auto& [estimate, i] : order) {
+      Algorithm a = candidates[i];
       std::string why;
       Timed t = in.time_algorithm(a, wanted != Algorithm::kAuto, &why, result.time);
       if (!why.empty()) reasons += (reasons.empty() ? "" : "; ") + why;
-      if (t.time < result.time) {
+      if (t.time < result.time || (t.time == result.time && i < chosen)) {
+        chosen = i;
         result.time = t.time;
         result.algorithm = a;
         result.closed_form = t.closed_form;

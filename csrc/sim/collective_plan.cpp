@@ -114,10 +114,16 @@ std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, Lin
   return total;
 }
 
-Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+namespace {
+
+// Calls visit(step index, flow, path, its share of the flow's bytes, users)
+// for every path of every flow of every step, where users[l] is how many
+// paths of the step cross link l.
+template <class Visit>
+void visit_step_paths(const Plan& plan, const Topology& t, Visit&& visit) {
   std::vector<int> users(t.links().size(), 0);
-  Seconds total = 0;
-  for (const PlanStep& step : plan) {
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const PlanStep& step = plan[i];
     std::vector<int> touched;
     for (const PlanFlow& f : step.flows) {
       for (const Path& p : t.route(f.src, f.dst).paths) {
@@ -126,26 +132,67 @@ Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode
         }
       }
     }
-    Seconds worst = 0;
     for (const PlanFlow& f : step.flows) {
       const Route& r = t.route(f.src, f.dst);
-      for (const Path& p : r.paths) {
-        double bytes = f.bytes / static_cast<double>(r.paths.size());
-        Seconds time = 0;
-        if (mode == LinkMode::kAstra) {
-          for (int l : p.links) time += users[l] * astra_link_time(t.links()[l], bytes);
-          time += astra.endpoint_delay + astra_reduction_time(astra, f.reduce_bytes);
-        } else {
-          double rate = std::numeric_limits<double>::infinity();
-          for (int l : p.links) {
-            rate = std::min(rate, t.links()[l].bandwidth / (mode == LinkMode::kFair ? users[l] : 1));
-          }
-          time = p.latency + bytes / rate;
-        }
-        worst = std::max(worst, time);
-      }
+      for (const Path& p : r.paths) visit(i, f, p, f.bytes / static_cast<double>(r.paths.size()), users);
     }
     for (int l : touched) users[l] = 0;
+  }
+}
+
+double path_rate(const Path& p, const Topology& t, LinkMode mode, const std::vector<int>& users) {
+  double rate = std::numeric_limits<double>::infinity();
+  for (int l : p.links) rate = std::min(rate, t.links()[l].bandwidth / (mode == LinkMode::kFair ? users[l] : 1));
+  return rate;
+}
+
+}  // namespace
+
+Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+  std::vector<Seconds> worst(plan.size(), 0);
+  visit_step_paths(plan, t, [&](size_t i, const PlanFlow& f, const Path& p, double bytes, const std::vector<int>& users) {
+    Seconds time = 0;
+    if (mode == LinkMode::kAstra) {
+      for (int l : p.links) time += users[l] * astra_link_time(t.links()[l], bytes);
+      time += astra.endpoint_delay + astra_reduction_time(astra, f.reduce_bytes);
+    } else {
+      time = p.latency + bytes / path_rate(p, t, mode, users);
+    }
+    worst[i] = std::max(worst[i], time);
+  });
+  Seconds total = 0;
+  for (size_t i = 0; i < plan.size(); ++i) total += worst[i] * plan[i].repeat;
+  return total;
+}
+
+std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& t, LinkMode mode, double plan_bytes) {
+  if (mode == LinkMode::kAstra) throw std::invalid_argument("step_synchronous_lines: ASTRA steps are not lines in size");
+  std::vector<StepLines> steps(plan.size());
+  visit_step_paths(plan, t, [&](size_t i, const PlanFlow&, const Path& p, double bytes, const std::vector<int>& users) {
+    steps[i].lines.emplace_back(p.latency, bytes / path_rate(p, t, mode, users) / plan_bytes);
+  });
+  for (size_t i = 0; i < plan.size(); ++i) {
+    steps[i].repeat = plan[i].repeat;
+    // Keep the upper envelope's candidates: by latency, longest first, each
+    // line steeper than every line before it.
+    auto& lines = steps[i].lines;
+    std::sort(lines.begin(), lines.end(), [](const auto& x, const auto& y) {
+      return x.first != y.first ? x.first > y.first : x.second > y.second;
+    });
+    std::vector<std::pair<Seconds, double>> kept;
+    for (const auto& line : lines) {
+      if (kept.empty() || line.second > kept.back().second) kept.push_back(line);
+    }
+    lines = std::move(kept);
+  }
+  return steps;
+}
+
+Seconds step_synchronous_time(const std::vector<StepLines>& steps, double bytes) {
+  Seconds total = 0;
+  for (const StepLines& step : steps) {
+    Seconds worst = 0;
+    for (const auto& [latency, per_byte] : step.lines) worst = std::max(worst, latency + bytes * per_byte);
     total += worst * step.repeat;
   }
   return total;

@@ -63,6 +63,19 @@ std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topolo
 // flows on the link. Exact where closed_form_time applies.
 Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra);
 
+// The same estimate as a function of size (fair and unaware modes), for a
+// plan built at `plan_bytes` whose flows all scale with size: each step
+// lasts the longest of its flows' lines latency + bytes * seconds_per_byte.
+// Lines another line of the step outlasts at every size are dropped, so a
+// step of a million symmetric flows keeps a handful.
+struct StepLines {
+  int repeat = 1;
+  std::vector<std::pair<Seconds, double>> lines;  // (latency, seconds per byte of the collective)
+};
+std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& topology, LinkMode mode,
+                                              double plan_bytes);
+Seconds step_synchronous_time(const std::vector<StepLines>& steps, double bytes);
+
 // A lower bound of the fair and unaware times: the longest chain of
 // dependent transfers, each alone on its path. Lets `auto` skip simulating
 // an algorithm that cannot beat one already timed. Without latency it bounds

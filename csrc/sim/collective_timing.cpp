@@ -204,8 +204,20 @@ std::shared_ptr<const CollectiveModel::Template> CollectiveModel::Internals::pla
       t->a = *t1 - t->b * kReferenceBytes;
     }
   }
-  // (Plans too large to simulate are estimated step by step, never bounded.)
-  if (t->not_applicable.empty() && !t->closed_form && unrolled_flow_count(one.plan) <= kSimulationLimit) {
+  bool too_large = t->not_applicable.empty() && !t->closed_form && unrolled_flow_count(one.plan) > kSimulationLimit;
+  if (too_large && request.mode != LinkMode::kAstra) {
+    // Estimated step by step at any size: the lines, if a second size
+    // confirms that every flow scales with size.
+    std::vector<StepLines> steps = step_synchronous_lines(one.plan, *model.topology_, request.mode, kReferenceBytes);
+    PlanOutcome two = build(2 * kReferenceBytes);
+    Seconds planned = step_synchronous_time(two.plan, *model.topology_, request.mode, astra);
+    Seconds fitted = step_synchronous_time(steps, 2 * kReferenceBytes);
+    if (two.not_applicable.empty() && std::abs(fitted - planned) <= 1e-9 * planned) {
+      t->stepwise = true;
+      t->steps = std::move(steps);
+    }
+  }
+  if (t->not_applicable.empty() && !t->closed_form && !too_large) {
     // Lower bound max(a, b * bytes): the critical path of latencies alone,
     // and the one of sizes alone (each linear in size).
     t->a = critical_path_time(build(0).plan, *model.topology_, true);
@@ -234,19 +246,43 @@ Timed CollectiveModel::Internals::time_plan(const Plan& plan, bool forced) const
   return t;
 }
 
+std::vector<Algorithm> CollectiveModel::Internals::choices_for(Algorithm a, std::string* why) const {
+  if (a != Algorithm::kHierarchical) return {};
+  auto l = layout(request.devices);
+  if (!l->not_applicable.empty()) {
+    *why = l->not_applicable;
+    return {};
+  }
+  const auto& s = model.settings_;
+  return level_choices(*l, request.mode == LinkMode::kAstra ? request.bytes / s.astra.preferred_dataset_splits
+                                                              : request.bytes);
+}
+
+std::shared_ptr<const CollectiveModel::Template> CollectiveModel::Internals::template_for(
+    Algorithm a, const std::vector<Algorithm>& choices) const {
+  std::string key = pack({1, static_cast<int>(request.op), static_cast<int>(a), static_cast<int>(request.mode), request.root},
+                         request.devices);
+  append_ints(key, choices);
+  return plan_template(key, [&](double bytes) { return plan(a, bytes, choices); });
+}
+
+Seconds CollectiveModel::Internals::estimate(Algorithm a) const {
+  if (request.mode == LinkMode::kAstra || !templated()) return 0;
+  std::string why;
+  std::vector<Algorithm> choices = choices_for(a, &why);
+  if (!why.empty()) return std::numeric_limits<double>::infinity();
+  auto t = template_for(a, choices);
+  if (!t->not_applicable.empty()) return std::numeric_limits<double>::infinity();
+  Seconds fixed = model.settings_.base_latency + fixed_latency(a, choices);
+  if (t->closed_form) return fixed + t->a + t->b * request.bytes;
+  if (t->stepwise) return fixed + step_synchronous_time(t->steps, request.bytes);
+  return fixed + std::max(t->a, t->b * request.bytes);
+}
+
 Timed CollectiveModel::Internals::time_algorithm(Algorithm a, bool forced, std::string* why, Seconds beat) const {
   const auto& s = model.settings_;
-  std::vector<Algorithm> choices;
-  if (a == Algorithm::kHierarchical) {
-    auto l = layout(request.devices);
-    if (!l->not_applicable.empty()) {
-      *why = l->not_applicable;
-      return infinite();
-    }
-    choices = level_choices(*l, request.mode == LinkMode::kAstra
-                                    ? request.bytes / s.astra.preferred_dataset_splits
-                                    : request.bytes);
-  }
+  std::vector<Algorithm> choices = choices_for(a, why);
+  if (!why->empty()) return infinite();
   if (request.mode == LinkMode::kAstra) {
     // ASTRA-sim cuts the collective into dataset splits and runs
     // `active_chunks_per_dimension` of them at a time; each chunk ends with
@@ -268,18 +304,15 @@ Timed CollectiveModel::Internals::time_algorithm(Algorithm a, bool forced, std::
     return {waves * (chunk.time + s.astra.endpoint_delay), chunk.closed_form, chunk.transfers * waves};
   }
 
-  bool templated = !request.force_simulation && request.all_to_all_bytes.empty();
-  if (templated) {
-    std::string key = pack({1, static_cast<int>(request.op), static_cast<int>(a), static_cast<int>(request.mode), request.root},
-                           request.devices);
-    append_ints(key, choices);
-    auto t = plan_template(key, [&](double bytes) { return plan(a, bytes, choices); });
+  if (templated()) {
+    auto t = template_for(a, choices);
     if (!t->not_applicable.empty()) {
       *why = t->not_applicable;
       return infinite();
     }
     Seconds fixed = s.base_latency + fixed_latency(a, choices);
     if (t->closed_form) return {fixed + t->a + t->b * request.bytes, true, 0};
+    if (t->stepwise) return {fixed + step_synchronous_time(t->steps, request.bytes), false, 0};
     if (std::max(t->a, t->b * request.bytes) + fixed >= beat) return infinite();
   }
   PlanOutcome o = plan(a, request.bytes, choices);

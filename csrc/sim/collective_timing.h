@@ -4,8 +4,9 @@
 // Each algorithm's plan for a rank set is reduced once to a template: a
 // closed form time = a + b * bytes when every step is symmetric (time is
 // linear in size then), or else a lower bound max(a, b * bytes) that lets
-// `auto` skip simulating an algorithm that cannot win. Later queries of
-// another size cost a lookup, not a plan.
+// `auto` skip simulating an algorithm that cannot win. A plan too large to
+// simulate keeps per-step lines of its step-by-step estimate instead. Later
+// queries of another size cost a lookup, not a plan.
 
 #include <limits>
 #include <memory>
@@ -31,6 +32,11 @@ struct CollectiveModel::Template {
   std::string not_applicable;
   bool closed_form = false;
   double a = 0, b = 0;
+  // Plans too large to simulate are estimated step by step (see
+  // step_synchronous_time); when their flows scale with size, these lines
+  // give that estimate at any size without planning again.
+  bool stepwise = false;
+  std::vector<StepLines> steps;
 };
 
 struct CollectiveModel::Layout {
@@ -53,6 +59,12 @@ struct CollectiveModel::Internals {
   // Time of algorithm `a` for the request, or +inf with the reason in `why`.
   // `beat`: the best time so far; an algorithm that cannot beat it is not simulated.
   Timed time_algorithm(Algorithm a, bool forced, std::string* why, Seconds beat) const;
+  // What `a`'s plan template tells without planning at this size: its time
+  // when the template has a closed form, else a lower bound; 0 when there is
+  // no template (ASTRA mode, forced simulation, uneven all_to_all), +inf
+  // when `a` does not apply. `auto` prices the candidates in this order, so
+  // the closed forms set the bar before anything is simulated.
+  Seconds estimate(Algorithm a) const;
   // Bytes over each link class when `a` runs the request (see CollectiveModel::link_class_bytes).
   std::vector<double> link_class_bytes(Algorithm a) const;
 
@@ -65,6 +77,11 @@ struct CollectiveModel::Internals {
   std::shared_ptr<const Template> plan_template(const std::string& key,
                                                 const std::function<PlanOutcome(double)>& build) const;
   Timed time_plan(const Plan& plan, bool forced) const;
+  // Hierarchical's per-level algorithms at this size (empty for the others);
+  // `why` is set when `a` does not apply.
+  std::vector<Algorithm> choices_for(Algorithm a, std::string* why) const;
+  bool templated() const { return !request.force_simulation && request.all_to_all_bytes.empty(); }
+  std::shared_ptr<const Template> template_for(Algorithm a, const std::vector<Algorithm>& choices) const;
   Seconds fixed_latency(Algorithm a, const std::vector<Algorithm>& choices = {}) const;
 };
 
