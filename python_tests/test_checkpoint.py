@@ -204,10 +204,17 @@ def test_ddr_pool_peaks_are_saved_and_a_version_1_state_is_still_read():
 
 
 def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save: str, resume: str,
-                 out: str) -> None:
+                 out: str, api: str) -> None:
     """One rank of a data-parallel run: trains steps first..last-1 on
-    zion:rank (gradients averaged with all_reduce), saves or resumes its own
-    checkpoint file, and writes its losses and clocks to ``out``."""
+    zion:rank (gradients averaged with all_reduce), saves or resumes, and
+    writes its losses and clocks to ``out``. ``api``: "torch" keeps model,
+    optimizer and emulator state in one file per rank; "dcp" saves model and
+    optimizer with torch.distributed.checkpoint into one directory (the
+    replicated parameters written once) and each rank's emulator state in a
+    file of its own."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     import torch.distributed as dist
     from datetime import timedelta
 
@@ -220,7 +227,12 @@ def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save
     model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
     result: dict[str, Any] = {}
-    if resume:
+    if resume and api == "dcp":
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.load({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=resume)
+        set_state_dict(model, opt, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        zion_emu.load_state_dict(torch.load(f"{resume}/zion-rank{rank}.pt", weights_only=True))
+    elif resume:
         ckpt = torch.load(resume.format(rank=rank), map_location=device, weights_only=True)
         model.load_state_dict(ckpt["model"])
         _load_optimizer(opt, ckpt["optimizer"])
@@ -240,7 +252,12 @@ def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save
         opt.step()
         losses.append(loss.item().hex())
     result["losses"] = losses
-    if save:
+    if save and api == "dcp":
+        sd = zion_emu.state_dict()
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=save)
+        torch.save(sd, f"{save}/zion-rank{rank}.pt")
+    elif save:
         sd = zion_emu.state_dict()
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "zion": sd}, save.format(rank=rank))
     torch.zion.synchronize(rank)
@@ -251,21 +268,23 @@ def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save
     dist.destroy_process_group()
 
 
-def _spawn_ranks(tmp_path: Path, tag: str, first: int, last: int, save: str = "", resume: str = "") -> list[dict]:
+def _spawn_ranks(tmp_path: Path, tag: str, first: int, last: int, save: str = "", resume: str = "",
+                 api: str = "torch") -> list[dict]:
     import torch.multiprocessing as mp
 
     out = str(tmp_path / f"{tag}-rank{{rank}}.json")
-    mp.start_processes(_rank_worker, args=(2, str(tmp_path / f"store-{tag}"), first, last, save, resume, out),
+    mp.start_processes(_rank_worker, args=(2, str(tmp_path / f"store-{tag}"), first, last, save, resume, out, api),
                        nprocs=2, join=True, start_method="spawn")
     return [json.loads(Path(out.format(rank=r)).read_text()) for r in range(2)]
 
 
 @pytest.mark.timeout(240)
-def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_path):
-    ckpt = str(tmp_path / "ckpt-rank{rank}.pt")
+@pytest.mark.parametrize("api", ["torch", "dcp"])
+def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_path, api):
+    ckpt = str(tmp_path / "ckpt-rank{rank}.pt") if api == "torch" else str(tmp_path / "dcp")
     whole = _spawn_ranks(tmp_path, "whole", 0, STEPS)
-    before = _spawn_ranks(tmp_path, "before", 0, SAVE_AFTER, save=ckpt)
-    after = _spawn_ranks(tmp_path, "after", SAVE_AFTER, STEPS, resume=ckpt)
+    before = _spawn_ranks(tmp_path, "before", 0, SAVE_AFTER, save=ckpt, api=api)
+    after = _spawn_ranks(tmp_path, "after", SAVE_AFTER, STEPS, resume=ckpt, api=api)
     for rank in range(2):
         assert before[rank]["losses"] + after[rank]["losses"] == whole[rank]["losses"], rank
         assert after[rank]["clock"] == whole[rank]["clock"], rank
