@@ -129,6 +129,28 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     assert b["communication_exposed_s"] > 0
 
 
+def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
+    script = write(tmp_path, "ddp.py", """
+        import os, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("zion")
+        device = f"zion:{int(os.environ['LOCAL_RANK'])}"
+        model = DDP(torch.nn.Linear(8, 1).to(device))
+        model._set_ddp_runtime_logging_sample_rate(1)  # DDP times every iteration
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.ones(4, 8, device=device)).sum().backward()
+            opt.step()
+        dist.destroy_process_group()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun's banner is about it
+    r = subprocess.run([sys.executable, "-m", "zion_emu", "run", "--nproc", "2", "--quiet-report", str(script)],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "OMP_NUM_THREADS" not in r.stderr and "Time stats" not in r.stderr, r.stderr
+
+
 def test_interrupted_run_still_writes_the_partial_report(tmp_path):
     script = write(tmp_path, "loop.py", """
         import os, signal, torch

@@ -100,6 +100,10 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subpro
     env[RUN_DIR_ENV] = str(run_dir)
     env["ZION_PLATFORM"] = str(run_dir / "platform.json")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if args.nproc > 1:
+        # What torchrun sets when it is unset, said here so that it does not
+        # print its banner about it on every run.
+        env.setdefault("OMP_NUM_THREADS", "1")
     if str(args.nnodes) == "1" and args.master_addr in ("127.0.0.1", "localhost"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
     # Its own process group: a Ctrl-C reaches this process alone, which passes
