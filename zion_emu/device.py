@@ -312,7 +312,9 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked from one that had zion loaded, as for CUDA:
+    torch then leaves zion alone there (a DataLoader worker's manual_seed)."""
+    return bool(_native.in_bad_fork())
 
 
 # torch.compile: inductor looks up a code generator for a custom device as

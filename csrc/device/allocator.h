@@ -18,6 +18,9 @@ namespace zion::device {
 class HbmAllocator final : public c10::DeviceAllocator {
  public:
   void configure(const sim::Platform& platform);
+  // Held across fork() (see runtime.h: fork safety).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
   size_t bytes_in_use() const;
 
   c10::DataPtr allocate(size_t nbytes) override;
@@ -91,6 +94,9 @@ class KernelHostMemory final : public c10::Allocator {
   // Frees the blocks kept for reuse (torch.zion.empty_cache).
   void release_cached();
   size_t cached_bytes() const;
+  // Held across fork() (see runtime.h: fork safety).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
   // Whether this thread is inside a zion op's CPU kernel (a Scope lives).
   static bool in_zion_kernel();
 

@@ -46,6 +46,9 @@ class PinnedAllocator final : public c10::Allocator {
   int sockets() const;
   // Frees a buffer of the pools; false (and nothing done) for any other pointer.
   bool release(void* ptr);
+  // Held across fork() (see runtime.h: fork safety).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
 
  private:
   struct Live {

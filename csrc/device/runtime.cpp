@@ -5,6 +5,9 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -31,7 +34,38 @@ std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
   return rt;
 }
 
+// fork(): the runtime's and the pools' locks are held across it, always in
+// this order (the order they nest in when the runtime is made), so that no
+// other thread is half-way through them when the child's copy is taken.
+std::atomic<bool> g_in_bad_fork{false};
+
+void before_fork() {
+  g_mutex.lock();
+  allocator().lock_for_fork();
+  kernel_host_memory().lock_for_fork();
+  pinned_allocator().lock_for_fork();
+}
+
+void after_fork_in_parent() {
+  pinned_allocator().unlock_after_fork();
+  kernel_host_memory().unlock_after_fork();
+  allocator().unlock_after_fork();
+  g_mutex.unlock();
+}
+
+void after_fork_in_child() {
+  after_fork_in_parent();
+  g_in_bad_fork.store(true);
+}
+
+const bool g_fork_handlers = [] {
+  pthread_atfork(&before_fork, &after_fork_in_parent, &after_fork_in_child);
+  return true;
+}();
+
 }  // namespace
+
+bool in_bad_fork() { return g_in_bad_fork.load(); }
 
 void Runtime::note_guessed(c10::DeviceIndex device, const std::string& op) {
   std::lock_guard<std::mutex> lock(guessed_mutex_);

@@ -49,6 +49,14 @@ void set_current_device(c10::DeviceIndex index);
 // Throws an error naming the allowed range for an index that is not a device.
 void check_device(c10::DeviceIndex index);
 
+// Fork safety. A process forked while other threads allocate (a DataLoader
+// starting its workers while threads run zion ops) must not inherit the
+// memory pools half-updated: their locks are taken just before fork() and
+// released after it, in the parent and in the child. As with CUDA, the child
+// is "in a bad fork": torch then leaves zion alone there (a DataLoader
+// worker's torch.manual_seed does not seed the zion generators).
+bool in_bad_fork();
+
 // Waits until autograd's worker thread of every zion device has let go of
 // the last backward pass it ran. Call before the interpreter finalizes, with
 // the GIL released: a worker may still hold that pass, whose saved thread

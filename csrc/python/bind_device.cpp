@@ -104,6 +104,8 @@ void bind_device(py::module_& m) {
   d.def("kernel_host_cached_bytes", [] { return device::kernel_host_memory().cached_bytes(); },
         "Freed host bytes of zion ops' CPU kernels kept for reuse (freed by torch.zion.empty_cache)");
   d.def("host_time", [] { return device::runtime().timeline.host(); }, "The host's virtual clock, seconds");
+  d.def("in_bad_fork", [] { return device::in_bad_fork(); },
+        "Whether this process was forked from one that had loaded zion (torch then leaves zion alone here)");
   d.def("stream_time", [](int index, int stream) {
     return device::runtime().timeline.stream_time(index, stream);
   }, py::arg("index"), py::arg("stream") = 0);
