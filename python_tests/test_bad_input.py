@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zion_emu
 from zion_emu import ConfigError, astra, sim
+from ranks import spawn
 
 REPO = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT_S = 120
@@ -328,19 +328,8 @@ def test_an_astra_file_that_cannot_be_read_names_the_path(tmp_path):
 
 # -- collectives across ranks ------------------------------------------------
 
-def _spawn(worker: Any, nprocs: int, tmp_path: Path, *args: Any) -> None:
-    store = str(tmp_path / "store")
-    ctx = mp.start_processes(worker, args=(nprocs, store, *args), nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{worker.__name__} on {nprocs} ranks did not finish in {JOIN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+def _spawn(worker: Any, nprocs: int, tmp_path: Any, *args: Any) -> None:
+    spawn(worker, nprocs, tmp_path, *args, timeout_s=JOIN_TIMEOUT_S)
 
 
 def _init(rank: int, nprocs: int, store: str) -> None:

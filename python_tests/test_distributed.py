@@ -19,31 +19,17 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import zion_emu
 import zion_emu.distributed as zd  # registers the backend
 from zion_emu import _C, sim
+from ranks import spawn
 
 JOIN_TIMEOUT_S = 120
 
 
-def _spawn(worker: Callable[..., None], nprocs: int, tmp_path: Any, *args: Any) -> list[int]:
-    """Runs ``worker(rank, nprocs, store_path, *args)`` in ``nprocs`` processes
-    and returns their pids, all ended and reaped."""
-    store = str(tmp_path / "store")
-    ctx = mp.start_processes(worker, args=(nprocs, store, *args), nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{worker.__name__} on {nprocs} ranks did not finish in {JOIN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
-    return [p.pid for p in ctx.processes]
+def _spawn(worker: Any, nprocs: int, tmp_path: Any, *args: Any) -> list[int]:
+    return spawn(worker, nprocs, tmp_path, *args, timeout_s=JOIN_TIMEOUT_S)
 
 
 def _init(rank: int, nprocs: int, store: str, timeout_s: float = 60) -> "dist.ProcessGroup":
