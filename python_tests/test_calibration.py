@@ -1,8 +1,8 @@
 """Reference machines against published nccl-tests all_reduce bus bandwidth.
 
 Figures (out-of-place busbw, GB/s): 8x A100-SXM4 228.1 at 1 GiB, 231.6 at
-8 GiB; 8x H100 with NVLS 466.4 and 478.9 (DESIGN.md, "Facts for the zion
-preset"). The model must land within 10%; bench/README.md has the table at
+8 GiB; 8x H100 with NVLS 466.4 and 478.9 (the runs and their sources are in
+bench/reference/nccl_tests_published.json). The model must land within 10%; bench/README.md has the table at
 every size."""
 
 import pytest

@@ -41,7 +41,7 @@ def test_zion_defaults_follow_the_design():
     p = zion_emu.load_platform()
     assert p.name == "zion"
     assert p.get("socket.count") == 8 and p.get("oam.count") == 8
-    assert p.get("upi.link_bandwidth_gb_per_s") == 20.8  # 10.4 GT/s UPI, DESIGN.md
+    assert p.get("upi.link_bandwidth_gb_per_s") == 20.8  # 10.4 GT/s x 2 B per transfer (Cooper Lake UPI)
     assert p.total_devices == 8
 
 

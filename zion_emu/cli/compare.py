@@ -1,8 +1,9 @@
 """The Zion paper's comparison: the accelerator fabric as a ring vs fully connected.
 
 At p = 8 with equal per-link bandwidth, fully connected is 3.5x faster than a
-bidirectional ring for all_reduce and 8x for all_to_all (DESIGN.md, 'Facts
-for the zion preset'); the model should reproduce that at large sizes.
+bidirectional ring for all_reduce (each rank drives 7 links instead of 2) and
+8x for all_to_all (the ring also carries each piece over its mean hop count);
+the model should reproduce that at large sizes.
 """
 
 from __future__ import annotations
