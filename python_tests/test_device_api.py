@@ -15,7 +15,7 @@ import torch
 
 import zion_emu  # noqa: F401  (registers the device)
 from zion_emu import cost
-from zion_emu.virtual_time import clock, counters, reset_clock
+from zion_emu.timeline import clock, counters, reset_clock
 
 GIB = 1 << 30
 

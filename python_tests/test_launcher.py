@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from zion_emu import report as rep
-from zion_emu.cli.whatif import split_values, variants
+from zion_emu.cli.sweep import split_values, variants
 
 TRAIN = """
 import torch

@@ -25,7 +25,7 @@ _register()
 
 from zion_emu import cost  # noqa: E402
 from zion_emu.device import DeviceProperties, current_platform, set_platform  # noqa: E402
-from zion_emu.virtual_time import DeviceCounters, clock, counters, reset_clock  # noqa: E402
+from zion_emu.timeline import DeviceCounters, clock, counters, reset_clock  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
 
 __all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",

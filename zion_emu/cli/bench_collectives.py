@@ -35,8 +35,8 @@ from typing import Any, Callable
 from zion_emu import sim
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.collectives import MODES
+from zion_emu.cli.nccl_table import Row, table
 from zion_emu.cli.sizes import ELEMENT_BYTES, human_bytes, parse_size, size_sweep
-from zion_emu.cli.sweep import Row, table
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 # The ops whose per-rank share is size / nproc: sizes round to nproc elements.
@@ -107,7 +107,7 @@ def _bench_line(row: BenchRow) -> str:
 
 
 def bench_table(rows: list[BenchRow], header: list[str], vs_gloo: bool = False) -> str:
-    """sweep.table's layout with more columns: host (us) per call and the calls
+    """nccl_table.table's layout with more columns: host (us) per call and the calls
     timed; with ``vs_gloo`` also gloo's time per call and host / gloo."""
     lines = table(rows, header).splitlines()
     first = len(header) + 1  # the two column-title lines follow the header and a '#'

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from zion_emu import sim
+from zion_emu.cli.nccl_table import Row, sweep
 from zion_emu.cli.sizes import human_bytes
-from zion_emu.cli.sweep import Row, sweep
 from zion_emu.platform import load_platform
 
 TOPOLOGIES = ("ring", "fully_connected")
