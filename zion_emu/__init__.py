@@ -24,7 +24,8 @@ from zion_emu._register import register as _register  # noqa: E402
 _register()
 
 from zion_emu import cost  # noqa: E402
-from zion_emu.device import DeviceProperties, current_platform, set_platform  # noqa: E402
+from zion_emu.device import DeviceProperties  # noqa: E402
+from zion_emu.platform import current_platform, set_platform  # noqa: E402
 from zion_emu.timeline import DeviceCounters, clock, counters, reset_clock  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
 
