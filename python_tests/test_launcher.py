@@ -102,6 +102,25 @@ def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     assert any(e["name"] == "copy H2D" for e in spans) and any(e["cat"] == "compute" for e in spans)
 
 
+def test_a_script_declares_its_samples_per_iteration_and_the_report_gives_samples_per_s(tmp_path):
+    script = write(tmp_path, "train.py", "import zion_emu\nzion_emu.samples_per_iteration(16)\n" + TRAIN.format(steps=3))
+    out = tmp_path / "report.json"
+    zion_emu_cli("run", "--quiet-report", "--report", str(out), str(script))
+    report = json.loads(out.read_text())
+    assert report["iterations"] == 3 and report["samples_per_iteration"] == 16
+    assert report["samples_per_s"] == pytest.approx(16 / report["iteration_s"])
+
+
+def test_samples_per_iteration_is_one_function_with_two_homes_and_takes_positive_integers():
+    import zion_emu
+    import zion_emu.launch
+
+    assert zion_emu.samples_per_iteration is zion_emu.launch.samples_per_iteration
+    for bad in (0, -4, 1.5, True):
+        with pytest.raises(ValueError, match="samples_per_iteration must be a positive integer"):
+            zion_emu.samples_per_iteration(bad)
+
+
 def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     script = write(tmp_path, "ar.py", """
         import os, torch, torch.distributed as dist

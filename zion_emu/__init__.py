@@ -28,9 +28,10 @@ from zion_emu.device import DeviceProperties  # noqa: E402
 from zion_emu.platform import current_platform, set_platform  # noqa: E402
 from zion_emu.timeline import DeviceCounters, clock, counters, reset_clock  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
+from zion_emu.iterations import samples_per_iteration  # noqa: E402
 
 __all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
-            "set_platform", "socket"]
+            "samples_per_iteration", "set_platform", "socket"]
 from zion_emu.state import load_state_dict, state_dict  # noqa: E402
 
 __all__ += ["load_state_dict", "state_dict"]

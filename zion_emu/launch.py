@@ -8,8 +8,8 @@ iterations, runs the script as ``__main__``, and at exit -- normal, by
 the run directory (``$ZION_RUN_DIR``) for the launcher to merge.
 
 A script may say how many samples one of its iterations processes on this
-rank with :func:`zion_emu.launch.samples_per_iteration`; the report then
-gives samples/s.
+rank with :func:`zion_emu.samples_per_iteration` (here too, as
+``zion_emu.launch.samples_per_iteration``); the report then gives samples/s.
 """
 
 from __future__ import annotations
@@ -23,41 +23,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from zion_emu.iterations import StepClock, samples_per_iteration
+
+__all__ = ["main", "samples_per_iteration"]
+
 RUN_DIR_ENV = "ZION_RUN_DIR"
 OPTIONS_FILE = "options.json"
 
-def samples_per_iteration(n: int) -> None:
-    """Declares the samples one iteration processes on this rank (the
-    report's samples/s sums them over ranks). Only read inside a run."""
-    from zion_emu import report
 
-    report.declare_samples_per_iteration(n)
-
-
-class _StepClock:
-    """When each optimizer step's work is done, per optimizer: the modeled
-    time by which everything issued up to that step has run (the host runs
-    ahead of the devices, as on a GPU, so the host clock alone would not
-    say). The optimizer that steps most often paces the iterations."""
-
-    def __init__(self) -> None:
-        self.steps: dict[int, list[float]] = {}
-
-    def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        from zion_emu import _C
-
-        self.steps.setdefault(id(optimizer), []).append(_C.timeline.horizon())
-
-    def times(self) -> list[float]:
-        return max(self.steps.values(), key=len, default=[])
-
-
-def _write_snapshot(run_dir: Path, rank: int, steps: _StepClock, status: dict[str, Any]) -> None:
+def _write_snapshot(run_dir: Path, rank: int, steps: StepClock, status: dict[str, Any]) -> None:
     import numpy as np
 
     from zion_emu import report
 
-    snap = report.snapshot(rank, report.Iterations(steps.times(), report.declared_samples_per_iteration()))
+    snap = report.snapshot(rank, steps.iterations())
     spans = snap.pop("spans")
     snap["status"] = status
     np.savez(run_dir / f"rank{rank}.npz", **spans)
@@ -89,7 +68,7 @@ def main(argv: list[str]) -> int:
         from zion_emu import virtual_clock
 
         virtual_clock.enable()
-    steps = _StepClock()
+    steps = StepClock()
     register_optimizer_step_post_hook(steps.hook)
 
     script = argv[0]

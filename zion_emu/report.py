@@ -21,34 +21,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
 from zion_emu import _C
+from zion_emu.iterations import Iterations, mean_iteration_s
 
 _timeline = _C.timeline
 
 COMPUTE, COPY, COMMUNICATION = 0, 1, 2
 DEFAULT_MAX_SPANS = 2_000_000
-
-
-_declared_samples: int | None = None
-
-
-def declare_samples_per_iteration(n: int) -> None:
-    """The samples one iteration processes in this process (see
-    :func:`zion_emu.launch.samples_per_iteration`)."""
-    global _declared_samples
-    if isinstance(n, bool) or int(n) != n or int(n) <= 0:
-        raise ValueError(f"samples_per_iteration must be a positive integer, got {n!r}")
-    _declared_samples = int(n)
-
-
-def declared_samples_per_iteration() -> int | None:
-    return _declared_samples
 
 
 def start_recording(max_spans: int = DEFAULT_MAX_SPANS) -> None:
@@ -104,14 +88,6 @@ def breakdown(spans: dict[str, np.ndarray], device: int, wall: float) -> dict[st
 
 
 # -- one process ---------------------------------------------------------------
-
-
-@dataclass
-class Iterations:
-    """Optimizer steps seen by the launcher's hook, on the modeled host clock."""
-
-    times: list[float]
-    samples_per_iteration: int | None = None
 
 
 def _devices_used() -> list[int]:
@@ -190,16 +166,6 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
 # -- all ranks -----------------------------------------------------------------
 
 
-def _iteration_stats(times: Sequence[float]) -> tuple[int, float | None]:
-    """(iterations, modeled seconds per iteration): ``times`` are when each
-    optimizer step's work was done; the mean interval after the first step
-    (warm-up)."""
-    n = len(times)
-    if n < 2:
-        return n, None
-    return n, (times[-1] - times[0]) / (n - 1)
-
-
 def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
     """One report from every rank's snapshot (spans are not carried over)."""
     snaps = sorted(snapshots, key=lambda s: s["rank"])
@@ -253,7 +219,7 @@ def merge(snapshots: Iterable[dict[str, Any]], top: int = 10) -> dict[str, Any]:
             sockets.append(entry)
 
     lead = snaps[0]
-    n_iter, per_iter = _iteration_stats(lead["iterations"])
+    n_iter, per_iter = len(lead["iterations"]), mean_iteration_s(lead["iterations"])
     samples = lead.get("samples_per_iteration")
     world = len(snaps)
     return {
