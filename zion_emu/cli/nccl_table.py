@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from zion_emu._format import Column, Table
 from zion_emu.cli.sizes import ELEMENT_BYTES
 
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
@@ -17,6 +18,14 @@ _ROOTED = {"broadcast", "reduce"}
 
 # (op, nbytes) -> the model's CollectiveResult (time, algbw, busbw, algorithm).
 RunCollective = Callable[[str, int], Any]
+
+# nccl-tests' columns; its header lines start with '#'.
+TABLE = Table(
+    Column("size", 12, unit="(B)"), Column("count", 12, unit="(elements)"), Column("type", 8), Column("redop", 6),
+    Column("root", 6), Column("time", 10, spec=".2f", unit="(us)"), Column("algbw", 8, spec=".2f", unit="(GB/s)"),
+    Column("busbw", 8, spec=".2f", unit="(GB/s)"), Column("algorithm", align="<"),
+    gap="  ", header_prefix="# ",
+)
 
 
 @dataclass
@@ -59,9 +68,8 @@ class Row:
         }
 
     def line(self) -> str:
-        return (f"{self.nbytes:>12}  {self.count:>12}  {self.dtype:>8}  {self.redop:>6}  {self.shown_root:>6}  "
-                f"{self.time_s * 1e6:>10.2f}  {self.algbw_bytes_per_s / 1e9:>8.2f}  {self.busbw_gbps:>8.2f}  "
-                f"{self.algorithm}")
+        return TABLE.row(self.nbytes, self.count, self.dtype, self.redop, self.shown_root, self.time_s * 1e6,
+                         self.algbw_bytes_per_s / 1e9, self.busbw_gbps, self.algorithm)
 
 
 def sweep(run: RunCollective, op: str, ranks: int, mode: str, sizes: list[int], dtype: str, root: int) -> list[Row]:
@@ -74,13 +82,7 @@ def sweep(run: RunCollective, op: str, ranks: int, mode: str, sizes: list[int], 
 
 def table(rows: list[Row], header: list[str]) -> str:
     """nccl-tests' layout: '#' header lines, one row per size, '# Avg bus bandwidth'."""
-    lines = [f"# {h}" for h in header] + [
-        "#",
-        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>10}  {'algbw':>8}  "
-        f"{'busbw':>8}  algorithm",
-        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>10}  {'(GB/s)':>8}  {'(GB/s)':>8}",
-    ]
-    lines += [row.line() for row in rows]
+    lines = [f"# {h}" for h in header] + ["#", *TABLE.header()] + [row.line() for row in rows]
     avg = sum(r.busbw_gbps for r in rows) / len(rows) if rows else 0.0
     lines += [f"# Avg bus bandwidth    : {avg:g}", "#"]
     return "\n".join(lines)
