@@ -66,9 +66,9 @@ def test_breakdown_splits_wall_time_by_hand():
     }
     b = rep.breakdown(spans, device=0, wall=10.0)
     # compute [0,2); comm [1,4): 1 s overlapped, 2 s exposed; copies [3,3.5) hidden under comm, [5,6) exposed
-    assert b == {"compute_s": 2.0, "communication_exposed_s": 2.0, "communication_overlapped_s": 1.0,
-                 "copies_exposed_s": 1.0, "host_s": 5.0}
-    assert sum(v for k, v in b.items() if k != "communication_overlapped_s") == 10.0
+    assert b == rep.Breakdown(compute_s=2.0, communication_exposed_s=2.0, communication_overlapped_s=1.0,
+                              copies_exposed_s=1.0, host_s=5.0)
+    assert b.compute_s + b.communication_exposed_s + b.copies_exposed_s + b.host_s == 10.0
 
 
 def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
@@ -77,6 +77,7 @@ def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     r = zion_emu_cli("run", "--report", str(out), "--trace", str(trace), "--samples-per-iteration", "32", str(script))
     assert "final loss" in r.stdout and "zion-emu report" in r.stdout
     report = json.loads(out.read_text())
+    assert json.loads(json.dumps(rep.RunReport.from_json(report).to_json())) == report  # the typed report reads it
     assert report["iterations"] == 5
     assert report["samples_per_s"] == pytest.approx(32 / report["iteration_s"])
     b = report["breakdown"]

@@ -13,10 +13,15 @@ import copy
 import itertools
 import json
 import subprocess
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from zion_emu._format import Column, Table
 from zion_emu.cli import CliError
 from zion_emu.cli.run import add_run_arguments, execute
+
+if TYPE_CHECKING:
+    from zion_emu.report import RunReport
 
 
 def split_values(text: str) -> list[str]:
@@ -72,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[Variant] = []
     combos = variants(args.sweeps)
     for i, combo in enumerate(combos):
         label = ", ".join(combo) or "(base platform)"
@@ -85,57 +90,69 @@ def run(args: argparse.Namespace) -> int:
         report, code = execute(one, stdout=None if args.show_output else subprocess.DEVNULL)
         if code != 0 or report is None:
             raise CliError(f"variant {label} failed (exit code {code}); rerun it with `zion-emu run` to see why")
-        rows.append({"variant": combo, "report": report})
+        rows.append(Variant(combo, report))
     print()
     print(table(rows))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump([{"variant": r["variant"], **_row_numbers(r["report"])} for r in rows], f, indent=1)
+            json.dump([{"variant": r.assignments, **r.numbers()} for r in rows], f, indent=1)
     if args.plot:
         plot(rows, args.plot)
     return 0
 
 
-def _row_numbers(report: dict[str, Any]) -> dict[str, Any]:
-    b = report.get("breakdown") or {}
-    return {
-        "iteration_s": report["iteration_s"],
-        "samples_per_s": report["samples_per_s"],
-        "wall_s": report["wall_s"],
-        "compute_s": b.get("compute_s"),
-        "communication_exposed_s": b.get("communication_exposed_s"),
-        "copies_exposed_s": b.get("copies_exposed_s"),
-        "host_s": b.get("host_s"),
-        "peak_hbm_bytes": max((d["peak_hbm_bytes"] for d in report["devices"]), default=0),
-    }
+@dataclass
+class Variant:
+    """One combination of the swept fields and the report of its run."""
+
+    assignments: list[str]  # PATH=VALUE
+    report: RunReport
+
+    @property
+    def name(self) -> str:
+        return ", ".join(self.assignments) or "(base)"
+
+    def numbers(self) -> dict[str, Any]:
+        """What a row shows (and ``--json`` writes), in seconds and bytes."""
+        r, b = self.report, self.report.breakdown
+        return {
+            "iteration_s": r.iteration_s,
+            "samples_per_s": r.samples_per_s,
+            "wall_s": r.wall_s,
+            **{part: None if b is None else getattr(b, part)
+               for part in ("compute_s", "communication_exposed_s", "copies_exposed_s", "host_s")},
+            "peak_hbm_bytes": max((d.peak_hbm_bytes for d in r.devices), default=0),
+        }
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.3f}"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'variant':<48} {'ms/iter':>10} {'samples/s':>12} {'wall ms':>10} {'compute':>9} {'comm exp':>9} " \
-           f"{'copy exp':>9} {'host':>9}"
-    lines = [head, "-" * len(head)]
+_TABLE = Table(Column("variant", 48, "<"), Column("ms/iter", 10), Column("samples/s", 12), Column("wall ms", 10),
+               Column("compute", 9), Column("comm exp", 9), Column("copy exp", 9), Column("host", 9))
+
+
+def table(rows: list[Variant]) -> str:
+    head = _TABLE.header()
+    lines = [*head, "-" * len(head[0])]
     for r in rows:
-        n = _row_numbers(r["report"])
+        n = r.numbers()
         sps = "-" if n["samples_per_s"] is None else f"{n['samples_per_s']:,.0f}"
-        lines.append(f"{', '.join(r['variant']) or '(base)':<48} {_ms(n['iteration_s']):>10} {sps:>12} "
-                     f"{_ms(n['wall_s']):>10} {_ms(n['compute_s']):>9} {_ms(n['communication_exposed_s']):>9} "
-                     f"{_ms(n['copies_exposed_s']):>9} {_ms(n['host_s']):>9}")
+        lines.append(_TABLE.row(r.name, _ms(n["iteration_s"]), sps, _ms(n["wall_s"]), _ms(n["compute_s"]),
+                                _ms(n["communication_exposed_s"]), _ms(n["copies_exposed_s"]), _ms(n["host_s"])))
     lines.append("(times in modeled ms; the breakdown parts are means over devices and sum to the wall time)")
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], path: str) -> None:
+def plot(rows: list[Variant], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [", ".join(r["variant"]) or "(base)" for r in rows]
-    values = [(_row_numbers(r["report"])["iteration_s"] or _row_numbers(r["report"])["wall_s"]) * 1e3 for r in rows]
+    names = [r.name for r in rows]
+    values = [(r.report.iteration_s or r.report.wall_s) * 1e3 for r in rows]
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
     ax.barh(range(len(rows)), values)
     ax.set_yticks(range(len(rows)))
