@@ -54,8 +54,8 @@ __all__ = [
 # __getattr__ when first named (PEP 562): the CLI, the report and the CUDA
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
-    "astra", "cli", "cost", "cuda_compat", "data", "device", "distributed", "iterations", "launch", "platform",
-    "report", "sim", "sockets", "state", "timeline", "trace", "virtual_clock",
+    "astra", "breakdown", "cli", "cost", "cuda_compat", "data", "device", "distributed", "iterations", "launch",
+    "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "trace", "virtual_clock",
 )
 
 
