@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 # The hardware model alone: the platform and modeled collective tables.
 tour: $(STAMP)
-	$(PYTHON) -m zion_emu demo
+	$(PYTHON) -m zion_emu tour
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q python_tests

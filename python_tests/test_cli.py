@@ -1,4 +1,4 @@
-"""The command line (``python -m zion_emu``): info, collectives, demo.
+"""The command line (``python -m zion_emu``): info, collectives, tour.
 
 Commands run in-process through ``main([...])``; numbers come from the model
 (the CLI only formats them), except the ASTRA-sim worked case and the
@@ -211,10 +211,10 @@ def test_astra_ranks_must_match_the_npu_count(capsys: pytest.CaptureFixture[str]
     assert "8 NPUs" in capsys.readouterr().err
 
 
-# --- demo and the module entry point ----------------------------------------------------------------
+# --- tour and the module entry point ----------------------------------------------------------------
 
-def test_demo_shows_the_platform_two_sweeps_and_which_fabric_wins(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_ok(capsys, "demo")
+def test_tour_shows_the_platform_two_sweeps_and_which_fabric_wins(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "tour")
     assert out.startswith("zion: ")
     rows = table_rows(out)
     sizes = [8 * 8**k for k in range(10)]  # 8 B .. 1 GiB, x8
@@ -224,9 +224,9 @@ def test_demo_shows_the_platform_two_sweeps_and_which_fabric_wins(capsys: pytest
 
 
 @pytest.mark.parametrize("preset", ["zionex", "hgx-a100", "hgx-h100"])
-def test_demo_runs_on_every_preset(capsys: pytest.CaptureFixture[str], preset: str) -> None:
+def test_tour_runs_on_every_preset(capsys: pytest.CaptureFixture[str], preset: str) -> None:
     # hgx-h100 reduces in its NVSwitch; the ring / fully connected variants must drop that, not fail.
-    out = run_ok(capsys, "demo", "--platform", preset)
+    out = run_ok(capsys, "tour", "--platform", preset)
     assert out.startswith(f"{preset}: ") and out.count(" faster than ") == 2
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import zion_emu  # noqa: F401  (registers the device)
-from zion_emu.virtual_time import counters
+from zion_emu.timeline import counters
 
 
 def small_function(a, b):

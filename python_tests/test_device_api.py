@@ -15,7 +15,7 @@ import torch
 
 import zion_emu  # noqa: F401  (registers the device)
 from zion_emu import cost
-from zion_emu.virtual_time import clock, counters, reset_clock
+from zion_emu.timeline import clock, counters, reset_clock
 
 GIB = 1 << 30
 
@@ -171,14 +171,14 @@ def test_device_properties_are_the_platform_preset():
     assert p.launch_overhead_s == 5e-6
     assert p.multi_processor_count == 1
     assert torch.zion.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
-    assert torch.zion.current_platform().get("oam.hbm_bytes") == 32 * GIB
+    assert zion_emu.current_platform().get("oam.hbm_bytes") == 32 * GIB
 
 
 def test_set_platform_before_first_use_and_refused_after():
     out = run_python("""
         import torch, zion_emu
         from zion_emu import cost
-        from zion_emu.device import set_platform
+        from zion_emu.platform import set_platform
         cost.register("aten::erfinv", {"flops": 1, "bytes": 2})
         set_platform("zion", overrides={"oam.hbm_bytes": 1 << 30})
         print(torch.zion.get_device_properties().total_memory)
@@ -195,6 +195,13 @@ def test_set_platform_before_first_use_and_refused_after():
     assert lines[1] == "hgx-h100 OAM True"  # formulas registered from Python carry over
     assert lines[2] == ("zion: set_platform must come before any zion tensor is made; 12 bytes are allocated on "
                         "the current platform 'hgx-h100'")
+
+
+def test_the_platform_is_chosen_through_zion_emu_and_torch_zion_has_no_say():
+    # torch.cuda has no set_platform; torch.zion keeps torch.cuda's shape.
+    assert not hasattr(torch.zion, "set_platform") and not hasattr(torch.zion, "current_platform")
+    assert zion_emu.set_platform is zion_emu.platform.set_platform
+    assert zion_emu.current_platform is zion_emu.platform.current_platform
 
 
 def test_zion_platform_environment_variable_chooses_the_preset():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from zion_emu import report as rep
-from zion_emu.cli.whatif import split_values, variants
+from zion_emu.cli.sweep import split_values, variants
 
 TRAIN = """
 import torch
@@ -66,9 +66,9 @@ def test_breakdown_splits_wall_time_by_hand():
     }
     b = rep.breakdown(spans, device=0, wall=10.0)
     # compute [0,2); comm [1,4): 1 s overlapped, 2 s exposed; copies [3,3.5) hidden under comm, [5,6) exposed
-    assert b == {"compute_s": 2.0, "communication_exposed_s": 2.0, "communication_overlapped_s": 1.0,
-                 "copies_exposed_s": 1.0, "host_s": 5.0}
-    assert sum(v for k, v in b.items() if k != "communication_overlapped_s") == 10.0
+    assert b == rep.Breakdown(compute_s=2.0, communication_exposed_s=2.0, communication_overlapped_s=1.0,
+                              copies_exposed_s=1.0, host_s=5.0)
+    assert b.compute_s + b.communication_exposed_s + b.copies_exposed_s + b.host_s == 10.0
 
 
 def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
@@ -77,6 +77,7 @@ def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     r = zion_emu_cli("run", "--report", str(out), "--trace", str(trace), "--samples-per-iteration", "32", str(script))
     assert "final loss" in r.stdout and "zion-emu report" in r.stdout
     report = json.loads(out.read_text())
+    assert json.loads(json.dumps(rep.RunReport.from_json(report).to_json())) == report  # the typed report reads it
     assert report["iterations"] == 5
     assert report["samples_per_s"] == pytest.approx(32 / report["iteration_s"])
     b = report["breakdown"]
@@ -100,6 +101,25 @@ def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     assert "zion:0 stream 0" in tracks and "link pcie_gen3_x16" in tracks
     spans = [e for e in events if e.get("ph") == "X"]
     assert any(e["name"] == "copy H2D" for e in spans) and any(e["cat"] == "compute" for e in spans)
+
+
+def test_a_script_declares_its_samples_per_iteration_and_the_report_gives_samples_per_s(tmp_path):
+    script = write(tmp_path, "train.py", "import zion_emu\nzion_emu.samples_per_iteration(16)\n" + TRAIN.format(steps=3))
+    out = tmp_path / "report.json"
+    zion_emu_cli("run", "--quiet-report", "--report", str(out), str(script))
+    report = json.loads(out.read_text())
+    assert report["iterations"] == 3 and report["samples_per_iteration"] == 16
+    assert report["samples_per_s"] == pytest.approx(16 / report["iteration_s"])
+
+
+def test_samples_per_iteration_is_one_function_with_two_homes_and_takes_positive_integers():
+    import zion_emu
+    import zion_emu.launch
+
+    assert zion_emu.samples_per_iteration is zion_emu.launch.samples_per_iteration
+    for bad in (0, -4, 1.5, True):
+        with pytest.raises(ValueError, match="samples_per_iteration must be a positive integer"):
+            zion_emu.samples_per_iteration(bad)
 
 
 def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):

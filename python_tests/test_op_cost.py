@@ -284,7 +284,7 @@ def test_transposed_convolution_on_zion_is_priced_as_one() -> None:
     # backward pass (grad_input and grad_weight; no bias) twice that.
     import torch
 
-    from zion_emu.virtual_time import counters
+    from zion_emu.timeline import counters
 
     x = torch.randn(2, 8, 5, 5, device="zion:7", requires_grad=True)
     w = torch.randn(8, 4, 3, 3, device="zion:7", requires_grad=True)

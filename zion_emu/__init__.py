@@ -2,7 +2,13 @@
 
 This package registers and configures; the model of the hardware lives in
 the native core (``zion_emu._C``), reached through :mod:`zion_emu.sim`.
+
+Every public submodule is an attribute of the package (``zion_emu.sim``,
+``zion_emu.report``, ...), imported on first use, as numpy and torch do:
+``import zion_emu`` loads only what registering the device needs.
 """
+
+from __future__ import annotations
 
 
 def _autoload() -> None:
@@ -11,28 +17,72 @@ def _autoload() -> None:
     may itself call it while this package is still loading."""
 
 
+import importlib as _importlib  # noqa: E402
+import typing as _typing  # noqa: E402
+
 import torch  # noqa: E402,F401  (the native core links libtorch)
 
-from zion_emu.platform import ConfigError, Platform, load_platform, preset_names
-
-__all__ = ["ConfigError", "Platform", "load_platform", "preset_names"]
-__version__ = "0.1.0"
-
-
+from zion_emu.platform import (  # noqa: E402
+    ConfigError,
+    Platform,
+    current_platform,
+    load_platform,
+    preset_names,
+    set_platform,
+)
 from zion_emu._register import register as _register  # noqa: E402
 
 _register()
 
 from zion_emu import cost  # noqa: E402
-from zion_emu.device import DeviceProperties, current_platform, set_platform  # noqa: E402
-from zion_emu.virtual_time import DeviceCounters, clock, counters, reset_clock  # noqa: E402
+from zion_emu.device import DeviceProperties  # noqa: E402
+from zion_emu.iterations import samples_per_iteration  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
-
-__all__ += ["DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "current_platform", "reset_clock",
-            "set_platform", "socket"]
 from zion_emu.state import load_state_dict, state_dict  # noqa: E402
+from zion_emu.timeline import DeviceCounters, clock, counters, reset_clock  # noqa: E402
 
-__all__ += ["load_state_dict", "state_dict"]
+__all__ = [
+    # the machine modeled
+    "ConfigError", "Platform", "current_platform", "load_platform", "preset_names", "set_platform",
+    # the device and its modeled clock and counters
+    "DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "reset_clock",
+    # the host side, runs and checkpoints
+    "load_state_dict", "samples_per_iteration", "socket", "state_dict",
+]
+
+# The public submodules. Those not imported above are imported by
+# __getattr__ when first named (PEP 562): the CLI, the report and the CUDA
+# shims cost time nobody who only trains on the device should pay.
+_SUBMODULES = (
+    "astra", "breakdown", "cli", "cost", "cuda_compat", "data", "device", "distributed", "iterations", "launch",
+    "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "trace", "virtual_clock",
+)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("zion-emu")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "0+unknown"
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # the import binds it here: asked once
+    if name == "__version__":
+        # Read from the installed package's metadata on first use: finding it
+        # walks sys.path, which `import zion_emu` need not do.
+        version = _version()
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, "__version__"})
+
 
 from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from zion_emu.cli import CliError, Parser, bench_collectives, collectives, demo, info, run, whatif
+from zion_emu.cli import CliError, Parser, bench_collectives, collectives, info, run, sweep, tour
 from zion_emu.platform import ConfigError
 
 # Each module has add_parser(subparsers); the help lists them in this order.
@@ -13,9 +13,9 @@ COMMANDS = (
     info,
     collectives,
     bench_collectives,
-    demo,
+    tour,
     run,
-    whatif,
+    sweep,
 )
 
 

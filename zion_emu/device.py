@@ -7,16 +7,12 @@ torch's backend autoload on a bare ``import torch``).
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
 from zion_emu import _C
-
-if TYPE_CHECKING:
-    from zion_emu.platform import Platform
 
 _native = _C.device
 
@@ -60,38 +56,6 @@ def _index(device: Any = None) -> int:
 
 def set_device(device: Any) -> None:
     _native.set_device(_index(device))
-
-
-# The machine being modeled.
-def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping[str, Any] | None = None) -> Platform:
-    """Makes ``platform`` (a preset name, a ``.json`` file or a loaded
-    :class:`~zion_emu.Platform`) the machine the zion device models; what
-    ``ZION_PLATFORM`` does from the environment. Only before the first zion
-    tensor: the HBM pools of the old platform may not hold memory. Clocks,
-    counters and streams start afresh; formulas registered with
-    :func:`zion_emu.cost.register` carry over."""
-    from zion_emu import cost
-    from zion_emu.platform import Platform, load_platform
-
-    if isinstance(platform, Platform):
-        if overrides:
-            raise ValueError("zion: set_platform takes overrides only with a preset name or file; a loaded Platform "
-                             "already has its fields (use load_platform(name, overrides=...))")
-        chosen = platform
-    else:
-        chosen = load_platform(platform, overrides)
-    _native.set_platform(chosen.native)
-    globals().pop("default_generators", None)  # rebuilt for the new device count on next use
-    cost._register_all()
-    return chosen
-
-
-def current_platform() -> Platform:
-    """The platform the zion device models (a copy: changing it changes nothing)."""
-    from zion_emu.platform import Platform
-
-    native = _native.platform()
-    return Platform(native, native.name)
 
 
 @dataclass(frozen=True)
@@ -199,6 +163,12 @@ def _default_generators() -> tuple[torch.Generator, ...]:
         generators = tuple(torch.ops.zion.default_generator(i) for i in range(device_count()))
         globals()["default_generators"] = generators
     return generators
+
+
+def _forget_default_generators() -> None:
+    """Called by :func:`zion_emu.set_platform`: the next use builds one
+    generator per device of the new platform."""
+    globals().pop("default_generators", None)
 
 
 def _get_generator(device: Any = None) -> torch.Generator:

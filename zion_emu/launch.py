@@ -8,12 +8,13 @@ iterations, runs the script as ``__main__``, and at exit -- normal, by
 the run directory (``$ZION_RUN_DIR``) for the launcher to merge.
 
 A script may say how many samples one of its iterations processes on this
-rank with :func:`zion_emu.launch.samples_per_iteration`; the report then
-gives samples/s.
+rank with :func:`zion_emu.samples_per_iteration` (here too, as
+``zion_emu.launch.samples_per_iteration``); the report then gives samples/s.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import runpy
@@ -21,48 +22,26 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+
+from zion_emu.iterations import StepClock, samples_per_iteration
+from zion_emu.report import RankStatus
+
+__all__ = ["main", "samples_per_iteration"]
 
 RUN_DIR_ENV = "ZION_RUN_DIR"
 OPTIONS_FILE = "options.json"
 
-def samples_per_iteration(n: int) -> None:
-    """Declares the samples one iteration processes on this rank (the
-    report's samples/s sums them over ranks). Only read inside a run."""
-    from zion_emu import report
 
-    report.declare_samples_per_iteration(n)
-
-
-class _StepClock:
-    """When each optimizer step's work is done, per optimizer: the modeled
-    time by which everything issued up to that step has run (the host runs
-    ahead of the devices, as on a GPU, so the host clock alone would not
-    say). The optimizer that steps most often paces the iterations."""
-
-    def __init__(self) -> None:
-        self.steps: dict[int, list[float]] = {}
-
-    def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        from zion_emu import _C
-
-        self.steps.setdefault(id(optimizer), []).append(_C.timeline.horizon())
-
-    def times(self) -> list[float]:
-        return max(self.steps.values(), key=len, default=[])
-
-
-def _write_snapshot(run_dir: Path, rank: int, steps: _StepClock, status: dict[str, Any]) -> None:
+def _write_snapshot(run_dir: Path, rank: int, steps: StepClock, status: RankStatus) -> None:
     import numpy as np
 
     from zion_emu import report
 
-    snap = report.snapshot(rank, report.Iterations(steps.times(), report.declared_samples_per_iteration()))
-    spans = snap.pop("spans")
-    snap["status"] = status
-    np.savez(run_dir / f"rank{rank}.npz", **spans)
+    snap = report.snapshot(rank, steps.iterations())
+    snap.status = status
+    np.savez(run_dir / f"rank{rank}.npz", **(snap.spans or {}))
     tmp = run_dir / f"rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(snap))
+    tmp.write_text(json.dumps(snap.to_json()))
     os.replace(tmp, run_dir / f"rank{rank}.json")
 
 
@@ -89,13 +68,13 @@ def main(argv: list[str]) -> int:
         from zion_emu import virtual_clock
 
         virtual_clock.enable()
-    steps = _StepClock()
+    steps = StepClock()
     register_optimizer_step_post_hook(steps.hook)
 
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, str(Path(script).resolve().parent))
-    status: dict[str, Any] = {"exit": "ok", "code": 0}
+    status = RankStatus("ok", 0)
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
@@ -103,18 +82,22 @@ def main(argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
-        status = {"exit": "sys.exit", "code": code}
+        status = RankStatus("sys.exit", code)
     except KeyboardInterrupt:
         code = 130
-        status = {"exit": "interrupted", "code": code}
+        status = RankStatus("interrupted", code)
         print(f"zion-emu: rank {rank} interrupted; writing the partial report", file=sys.stderr)
     except BaseException as e:  # the script failed: its traceback, then the partial report
         traceback.print_exc()
         code = 1
-        status = {"exit": "exception", "code": code, "error": f"{type(e).__name__}: {e}"}
+        status = RankStatus("exception", code, error=f"{type(e).__name__}: {e}")
     if compat is not None:
-        status["cuda_compat_remapped"] = compat.remapped()
+        status.cuda_compat_remapped = compat.remapped()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # another Ctrl-C must not cut the report short
+    # The script's globals went with runpy's module, some in reference cycles:
+    # collected now, the snapshot's memory in use is what live objects hold,
+    # not what the collector happened to leave.
+    gc.collect()
     try:
         _write_snapshot(run_dir, rank, steps, status)
     except Exception as e:  # the report is lost, the script's result is not

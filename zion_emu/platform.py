@@ -1,4 +1,6 @@
-"""Platform presets: load by name or file, override fields, read them back."""
+"""The modeled machine: presets loaded by name or file with fields
+overridden, read back, and the one the zion device models
+(:func:`set_platform`, :func:`current_platform`)."""
 
 from __future__ import annotations
 
@@ -100,3 +102,35 @@ def load_platform(
     pairs += [tuple(_C.sim.parse_override(a)) for a in assignments or []]
     native = _C.sim.load_platform(name, pairs, _search_dirs())
     return Platform(native, name)
+
+
+def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping[str, Any] | None = None) -> Platform:
+    """Makes ``platform`` (a preset name, a ``.json`` file or a loaded
+    :class:`Platform`) the machine the zion device models; what
+    ``ZION_PLATFORM`` does from the environment. Only before the first zion
+    tensor: the HBM pools of the old platform may not hold memory. Clocks,
+    counters and streams start afresh; formulas registered with
+    :func:`zion_emu.cost.register` carry over."""
+    # The device module and the op cost registry sit above this module (they
+    # price on a platform), so they are told here that it changed rather than
+    # imported at the top.
+    from zion_emu import cost
+    from zion_emu import device as zion_device
+
+    if isinstance(platform, Platform):
+        if overrides:
+            raise ValueError("zion: set_platform takes overrides only with a preset name or file; a loaded Platform "
+                             "already has its fields (use load_platform(name, overrides=...))")
+        chosen = platform
+    else:
+        chosen = load_platform(platform, overrides)
+    _C.device.set_platform(chosen.native)
+    zion_device._forget_default_generators()
+    cost._register_all()
+    return chosen
+
+
+def current_platform() -> Platform:
+    """The platform the zion device models (a copy: changing it changes nothing)."""
+    native = _C.device.platform()
+    return Platform(native, native.name)

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import torch
 
 from zion_emu import _C
-from zion_emu.device import current_platform
+from zion_emu.platform import current_platform
 
 __all__ = ["load_state_dict", "state_dict"]
 

@@ -10,31 +10,34 @@ modeled microseconds.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from zion_emu.report import COMMUNICATION, COMPUTE, COPY
+from zion_emu.breakdown import COMMUNICATION, COMPUTE, COPY
+
+if TYPE_CHECKING:
+    from zion_emu.report import RankSnapshot
 
 _CATEGORY = {COMPUTE: "compute", COPY: "copy", COMMUNICATION: "communication"}
 _LINK_TID_BASE = 100_000
 
 
-def events(snapshots: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def events(snapshots: Sequence[RankSnapshot]) -> list[dict[str, Any]]:
     """Trace events of every rank's recorded spans."""
     out: list[dict[str, Any]] = []
     for snap in snapshots:
-        spans = snap.get("spans")
+        spans = snap.spans
         if spans is None:
             continue
-        pid = snap["rank"]
-        labels = snap["span_labels"]
-        link_names = [link["name"] for link in snap["links"]]
+        pid = snap.rank
+        labels = snap.span_labels or []
+        link_names = [link.name for link in snap.links]
         out.append({"ph": "M", "name": "process_name", "pid": pid,
-                    "args": {"name": f"rank {pid} ({snap['platform']})"}})
+                    "args": {"name": f"rank {pid} ({snap.platform})"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
         tracks: dict[int, str] = {}
-        oams = snap.get("oam_tracks", 1 << 30)
+        oams = snap.oam_tracks
         start = np.asarray(spans["start"]) * 1e6
         dur = (np.asarray(spans["end"]) - np.asarray(spans["start"])) * 1e6
         for i in range(len(start)):
@@ -63,7 +66,7 @@ def events(snapshots: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write(snapshots: Sequence[dict[str, Any]], path: str) -> int:
+def write(snapshots: Sequence[RankSnapshot], path: str) -> int:
     """Writes the trace; returns the number of events."""
     evs = events(snapshots)
     with open(path, "w") as f:
@@ -71,14 +74,14 @@ def write(snapshots: Sequence[dict[str, Any]], path: str) -> int:
     return len(evs)
 
 
-def plot_utilization(snapshots: Sequence[dict[str, Any]], path: str, bins: int = 200) -> None:
+def plot_utilization(snapshots: Sequence[RankSnapshot], path: str, bins: int = 200) -> None:
     """A PNG of each device's busy fraction over modeled time, by activity."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    wall = max((s["wall_s"] for s in snapshots), default=0.0)
+    wall = max((s.wall_s for s in snapshots), default=0.0)
     edges = np.linspace(0.0, wall if wall > 0 else 1.0, bins + 1)
     width = edges[1] - edges[0]
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -86,7 +89,7 @@ def plot_utilization(snapshots: Sequence[dict[str, Any]], path: str, bins: int =
         busy = np.zeros(bins)
         count = 0
         for snap in snapshots:
-            spans = snap.get("spans")
+            spans = snap.spans
             if spans is None:
                 continue
             for device in sorted({int(d) for d in spans["device"]}):

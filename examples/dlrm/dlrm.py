@@ -313,7 +313,7 @@ def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     bar = tqdm(total=a.num_batches, unit="it", disable=not lead or a.no_progress or not sys.stderr.isatty())
     say = (lambda line: bar.write(line, file=sys.stdout)) if not bar.disable else emit
     if os.environ.get("ZION_RUN_DIR"):  # under `python -m zion_emu run`: its report gives samples/s too
-        from zion_emu.launch import samples_per_iteration
+        from zion_emu import samples_per_iteration
 
         samples_per_iteration(a.mini_batch_size // run.world_size)
     run.synchronize()

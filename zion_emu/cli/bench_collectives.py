@@ -33,10 +33,11 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from zion_emu import sim
+from zion_emu._format import format_bytes
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.collectives import MODES
-from zion_emu.cli.sizes import ELEMENT_BYTES, human_bytes, parse_size, size_sweep
-from zion_emu.cli.sweep import Row, table
+from zion_emu.cli.nccl_table import Row, table
+from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 # The ops whose per-rank share is size / nproc: sizes round to nproc elements.
@@ -107,7 +108,7 @@ def _bench_line(row: BenchRow) -> str:
 
 
 def bench_table(rows: list[BenchRow], header: list[str], vs_gloo: bool = False) -> str:
-    """sweep.table's layout with more columns: host (us) per call and the calls
+    """nccl_table.table's layout with more columns: host (us) per call and the calls
     timed; with ``vs_gloo`` also gloo's time per call and host / gloo."""
     lines = table(rows, header).splitlines()
     first = len(header) + 1  # the two column-title lines follow the header and a '#'
@@ -335,8 +336,8 @@ def _check(args: argparse.Namespace, ops: list[str], nproc: int, platform: Any, 
     need = nproc * buffer_bytes(op, nproc, max(sizes[op]))
     available = _available_bytes()
     if available is not None and need > available:
-        raise CliError(f"{op} of {human_bytes(max(sizes[op]))} over {nproc} ranks needs {human_bytes(need)} of host "
-                       f"memory for its buffers; {human_bytes(available)} is available; lower --max-bytes")
+        raise CliError(f"{op} of {format_bytes(max(sizes[op]))} over {nproc} ranks needs {format_bytes(need)} of host "
+                       f"memory for its buffers; {format_bytes(available)} is available; lower --max-bytes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -361,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
                 f"fabric {platform.get('fabric.topology')})",
                 f"minBytes {args.min_bytes} maxBytes {args.max_bytes} step: {args.step_factor}(factor) type: {DTYPE}; "
                 f"iters {args.iters} warmup {args.warmup} (fewer where a row would move over "
-                f"{human_bytes(BYTES_PER_ROW)} per rank)",
+                f"{format_bytes(BYTES_PER_ROW)} per rank)",
                 "time: modeled per call; host: wall-clock time per call on the slowest rank"]
 
     def footer(op: str) -> None:

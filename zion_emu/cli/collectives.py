@@ -12,8 +12,8 @@ from zion_emu import astra, sim
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.compare import compare_topologies, comparison_json, ratio_table
 from zion_emu.cli.plot import check_writable, plot_busbw
+from zion_emu.cli.nccl_table import RunCollective, sweep, table
 from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
-from zion_emu.cli.sweep import RunCollective, sweep, table
 
 # The collectives and link-model modes csrc/sim accepts (it names them in its own errors too).
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send_recv")

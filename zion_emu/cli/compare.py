@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from zion_emu import sim
-from zion_emu.cli.sizes import human_bytes
-from zion_emu.cli.sweep import Row, sweep
+from zion_emu._format import Column, Table, format_bytes
+from zion_emu.cli.nccl_table import Row, sweep
 from zion_emu.platform import load_platform
 
 TOPOLOGIES = ("ring", "fully_connected")
@@ -42,12 +42,11 @@ def ratio(rows: dict[str, list[Row]]) -> float:
 
 def ratio_table(comparison: Comparison) -> list[str]:
     nbytes = next(iter(comparison.values()))["ring"][-1].nbytes
-    lines = [f"# busbw (GB/s) at the largest size, {nbytes} B ({human_bytes(nbytes)})",
-             f"# {'op':>10}  {'ring':>10}  {'fully_connected':>16}  fully_connected / ring"]
-    for op, rows in comparison.items():
-        lines.append(f"{op:>12}  {rows['ring'][-1].busbw_gbps:>10.2f}  {rows['fully_connected'][-1].busbw_gbps:>16.2f}"
-                     f"  {ratio(rows):.2f}x")
-    return lines
+    table = Table(Column("op", 12), Column("ring", 10, spec=".2f"), Column("fully_connected", 16, spec=".2f"),
+                  Column("fully_connected / ring", align="<"), gap="  ", header_prefix="# ")
+    return [f"# busbw (GB/s) at the largest size, {nbytes} B ({format_bytes(nbytes)})", *table.render(
+        [(op, rows["ring"][-1].busbw_gbps, rows["fully_connected"][-1].busbw_gbps, f"{ratio(rows):.2f}x")
+         for op, rows in comparison.items()])]
 
 
 def comparison_json(comparison: Comparison) -> list[dict[str, Any]]:
@@ -64,5 +63,5 @@ def verdict(op: str, rows: dict[str, list[Row]]) -> str:
     r = ratio(rows)
     ring, full = rows["ring"][-1].busbw_gbps, rows["fully_connected"][-1].busbw_gbps
     faster, slower, factor = ("fully_connected", "ring", r) if r >= 1 else ("ring", "fully_connected", 1 / r)
-    return (f"{op} at {human_bytes(rows['ring'][-1].nbytes)}: a {faster} fabric is {factor:.2f}x faster than "
+    return (f"{op} at {format_bytes(rows['ring'][-1].nbytes)}: a {faster} fabric is {factor:.2f}x faster than "
             f"a {slower} one (busbw {full:.2f} GB/s fully connected vs {ring:.2f} GB/s ring)")

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from zion_emu._format import Column, Table
 from zion_emu.cli import add_platform_arguments, gb, num, platform_from
 from zion_emu.cli.drawing import draw_node
 from zion_emu.cli.links import LinkClass, link_classes
@@ -63,19 +64,16 @@ _DTYPE_ORDER = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 def _flops_table(f: dict[str, Any]) -> list[str]:
     given = {*f["oam"]["peak_flops"], *f["socket"]["peak_flops"]}
     dtypes = [d for d in _DTYPE_ORDER if d in given] + sorted(given - set(_DTYPE_ORDER))
-    rows = ["Peak TFLOP/s   " + "".join(f"{d:>8}" for d in dtypes)]
-    for unit in ("oam", "socket"):
-        peaks = f[unit]["peak_flops"]
-        rows.append(f"  {unit:<13}" + "".join(f"{num(peaks[d] / 1e12) if d in peaks else '-':>8}" for d in dtypes))
-    return rows
+    table = Table(Column("Peak TFLOP/s", 13, "<"), *(Column(d, 8) for d in dtypes), indent="  ", gap="")
+    return table.render([(unit, *(num(f[unit]["peak_flops"][d] / 1e12) if d in f[unit]["peak_flops"] else "-"
+                                  for d in dtypes)) for unit in ("oam", "socket")])
 
 
 def _link_table(links: list[LinkClass]) -> list[str]:
-    rows = [f"Link classes (per direction)    {'GB/s':>8} {'latency ns':>11} {'links/node':>11}"]
-    for c in links:
-        rows.append(f"  {c.name:<30}{num(gb(c.bandwidth_bytes_per_s)):>8} {num(c.latency_s * 1e9):>11} "
-                    f"{c.links_per_node:>11}")
-    return rows
+    table = Table(Column("Link classes (per direction)", 29, "<"), Column("GB/s", 8), Column("latency ns", 11),
+                  Column("links/node", 11), indent="  ")
+    return table.render([(c.name, num(gb(c.bandwidth_bytes_per_s)), num(c.latency_s * 1e9), c.links_per_node)
+                         for c in links])
 
 
 def _pcie_lines(f: dict[str, Any]) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from zion_emu._format import format_bytes
 from zion_emu.cli import CliError
-from zion_emu.cli.sizes import human_bytes
 
 # One panel: a title and, per curve label, (bytes, busbw GB/s) points.
 Panel = tuple[str, dict[str, Sequence[tuple[int, float]]]]
@@ -44,7 +44,7 @@ def plot_busbw(path: str, suptitle: str, panels: list[Panel]) -> None:
         for label, points in curves.items():
             ax.plot([b for b, _ in points], [bw for _, bw in points], marker=".", label=label)
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: human_bytes(x)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: format_bytes(x)))
         ax.tick_params(axis="x", labelrotation=45)
         ax.set_xlabel("message size")
         ax.set_ylabel("bus bandwidth (GB/s, GB = 1e9 B)")

@@ -6,8 +6,8 @@ One process (``--nproc 1``) or several through torchrun's own launcher
 platform (a preset or file plus ``--set`` overrides) is written as one
 complete platform file that every rank loads through ``ZION_PLATFORM``.
 At the end the ranks' snapshots are merged into the report
-(:mod:`zion_emu.report`), printed, and written as JSON, a trace and a plot
-when asked.
+(:mod:`zion_emu.report`), printed (:mod:`zion_emu.report_text`), and
+written as JSON, a trace and a plot when asked.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
+
+if TYPE_CHECKING:
+    from zion_emu.report import RankSnapshot, RunReport
 
 
 def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) -> None:
@@ -130,53 +133,45 @@ def wait(child: subprocess.Popen) -> tuple[int, bool]:
                 pass
 
 
-def gather(run_dir: Path) -> list[dict[str, Any]]:
+def gather(run_dir: Path) -> list[RankSnapshot]:
+    """The snapshots the ranks left in the run directory, with their spans."""
     import numpy as np
+
+    from zion_emu.report import RankSnapshot
 
     snaps = []
     for path in sorted(run_dir.glob("rank*.json")):
-        snap = json.loads(path.read_text())
+        spans = None
         spans_file = path.with_suffix(".npz")
         if spans_file.exists():
             with np.load(spans_file) as z:
-                snap["spans"] = {k: z[k] for k in z.files}
-        snaps.append(snap)
+                spans = {k: z[k] for k in z.files}
+        snaps.append(RankSnapshot.from_json(json.loads(path.read_text()), spans))
     return snaps
 
 
-def finish(args: argparse.Namespace, snaps: list[dict[str, Any]], code: int, interrupted: bool) -> tuple[dict | None, int]:
+def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
+           interrupted: bool) -> tuple[RunReport | None, int]:
     """Merges, prints and writes what was asked; returns (report, exit code)."""
     from zion_emu import report as rep
     from zion_emu import trace
+    from zion_emu.report_text import format_text
 
     if not snaps:
         print("zion-emu: no rank left a report (see the errors above)", file=sys.stderr)
         return None, code or 1
-    merged = rep.merge_ranks(snaps)
-    if args.samples_per_iteration:
-        merged["samples_per_iteration"] = args.samples_per_iteration
-    else:
-        declared = [s.get("samples_per_iteration") for s in snaps]
-        merged["samples_per_iteration"] = sum(declared) if all(declared) else None
-    if merged["samples_per_iteration"] and merged["iteration_s"]:
-        merged["samples_per_s"] = merged["samples_per_iteration"] / merged["iteration_s"]
+    merged = rep.merge(snaps, samples_per_iteration=args.samples_per_iteration or None)
     if interrupted:
         code = 128 + signal.SIGINT  # as a shell reports a run stopped by Ctrl-C
-    merged["status"] = {"exit_code": code, "interrupted": interrupted,
-                        "ranks": {s["rank"]: s.get("status") for s in snaps}}
-    remapped: dict[str, int] = {}
-    for s in snaps:
-        for name, n in ((s.get("status") or {}).get("cuda_compat_remapped") or {}).items():
-            remapped[name] = remapped.get(name, 0) + n
+    merged.status = rep.RunStatus(code, interrupted, {s.rank: s.status for s in snaps})
     if args.cuda_compat:
-        merged["cuda_compat_remapped"] = remapped
+        remapped: dict[str, int] = {}
+        for s in snaps:
+            for name, n in ((s.status and s.status.cuda_compat_remapped) or {}).items():
+                remapped[name] = remapped.get(name, 0) + n
+        merged.cuda_compat_remapped = remapped
     if not args.quiet_report:
-        text = rep.format_text(merged)
-        if interrupted:
-            text = "(partial: the run was interrupted)\n" + text
-        if remapped:
-            text += "\n\n--cuda-compat remapped: " + ", ".join(f"{k} x{v}" for k, v in sorted(remapped.items()))
-        print(text, flush=True)
+        print(format_text(merged), flush=True)
     failed = []
     for path, what, write in (
         (args.report, "report", lambda p: rep.write_json(merged, p)),
@@ -194,7 +189,7 @@ def finish(args: argparse.Namespace, snaps: list[dict[str, Any]], code: int, int
     return merged, code or (1 if failed else 0)
 
 
-def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[dict | None, int]:
+def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | None, int]:
     """Runs the script as the arguments say; returns (report, exit code).
     ``stdout``: where the script's output goes (default: this process's)."""
     platform = platform_from(args)

@@ -41,10 +41,3 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
         size *= step_factor
     return sizes
 
-
-def human_bytes(n: float) -> str:
-    """8 -> '8 B', 1048576 -> '1 MiB', 3 * 2**30 -> '3 GiB'."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.4g} {unit}"
-    return f"{n:.4g} B"

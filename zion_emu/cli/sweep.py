@@ -1,86 +1,165 @@
-"""A size sweep of one collective and its nccl-tests-style table.
+"""``zion-emu sweep``: the same training script on variants of the platform.
 
-nccl-tests reports algbw = size / time and busbw = algbw x factor (all_reduce
-2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast 1), with
-GB/s = 1e9 bytes/s. The model returns both; this module only formats them.
+``--set fabric.topology=ring,fully_connected --set oam.hbm_bandwidth_gb_per_s=900,1800``
+runs every combination (here four) with ``zion-emu run`` and prints one row
+per variant: modeled time per iteration, samples/s, wall time and the
+breakdown, plus a bar plot with ``--plot``.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import itertools
+import json
+import subprocess
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from zion_emu.cli.sizes import ELEMENT_BYTES
+from zion_emu._format import Column, Table
+from zion_emu.cli import CliError
+from zion_emu.cli.run import add_run_arguments, execute
 
-_REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
-_ROOTED = {"broadcast", "reduce"}
+if TYPE_CHECKING:
+    from zion_emu.report import RunReport
 
-# (op, nbytes) -> the model's CollectiveResult (time, algbw, busbw, algorithm).
-RunCollective = Callable[[str, int], Any]
+
+def split_values(text: str) -> list[str]:
+    """'a,b,[1,2]' -> ['a', 'b', '[1,2]']: commas inside brackets or quotes
+    belong to the value."""
+    values, depth, quote, current = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            values.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    values.append("".join(current))
+    return values
+
+
+def variants(sweeps: list[str]) -> list[list[str]]:
+    """Every combination of the swept fields, as lists of PATH=VALUE."""
+    axes = []
+    for item in sweeps:
+        if "=" not in item:
+            raise CliError(f"--set '{item}' is not PATH=VALUE[,VALUE...]")
+        path, values = item.split("=", 1)
+        options = [v.strip() for v in split_values(values)]
+        if any(not v for v in options):
+            raise CliError(f"--set {item}: an empty value in the list")
+        axes.append([f"{path.strip()}={v}" for v in options])
+    return [list(c) for c in itertools.product(*axes)] if axes else [[]]
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="run a script on every combination of platform variants and compare iteration times",
+        description="Each --set PATH=V1,V2,... is a swept field; every combination runs the script once "
+                    "(as `zion-emu run`) and the table compares their modeled iteration times.")
+    p.add_argument("--platform", metavar="NAME|FILE", default=None, help="the base platform (default $ZION_PLATFORM or zion)")
+    p.add_argument("--set", metavar="PATH=V1,V2,...", dest="sweeps", action="append", default=[],
+                   help="a swept field and its values, e.g. --set fabric.topology=ring,fully_connected (repeatable)")
+    p.add_argument("--fix", metavar="PATH=VALUE", dest="assignments", action="append", default=[],
+                   help="a field set in every variant")
+    p.add_argument("--json", metavar="OUT.json", dest="json_out", default=None, help="write the rows as JSON")
+    p.add_argument("--show-output", action="store_true", help="show the script's own output (hidden by default)")
+    add_run_arguments(p, with_platform=False)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows: list[Variant] = []
+    combos = variants(args.sweeps)
+    for i, combo in enumerate(combos):
+        label = ", ".join(combo) or "(base platform)"
+        print(f"[{i + 1}/{len(combos)}] {label}", flush=True)
+        one = copy.copy(args)
+        one.assignments = list(args.assignments) + combo
+        one.report = one.trace = None
+        one.plot = None
+        one.quiet_report = True
+        report, code = execute(one, stdout=None if args.show_output else subprocess.DEVNULL)
+        if code != 0 or report is None:
+            raise CliError(f"variant {label} failed (exit code {code}); rerun it with `zion-emu run` to see why")
+        rows.append(Variant(combo, report))
+    print()
+    print(table(rows))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump([{"variant": r.assignments, **r.numbers()} for r in rows], f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
 
 
 @dataclass
-class Row:
-    op: str
-    ranks: int
-    mode: str
-    nbytes: int
-    dtype: str
-    root: int
-    time_s: float
-    algbw_bytes_per_s: float
-    busbw_bytes_per_s: float
-    algorithm: str
+class Variant:
+    """One combination of the swept fields and the report of its run."""
+
+    assignments: list[str]  # PATH=VALUE
+    report: RunReport
 
     @property
-    def count(self) -> int:
-        return self.nbytes // ELEMENT_BYTES[self.dtype]
+    def name(self) -> str:
+        return ", ".join(self.assignments) or "(base)"
 
-    @property
-    def redop(self) -> str:
-        return "sum" if self.op in _REDUCING else "none"
-
-    @property
-    def shown_root(self) -> int:
-        return self.root if self.op in _ROOTED else -1  # nccl-tests prints -1 for unrooted ops
-
-    @property
-    def busbw_gbps(self) -> float:
-        return self.busbw_bytes_per_s / 1e9
-
-    def to_json(self) -> dict[str, Any]:
+    def numbers(self) -> dict[str, Any]:
+        """What a row shows (and ``--json`` writes), in seconds and bytes."""
+        r, b = self.report, self.report.breakdown
         return {
-            "op": self.op, "ranks": self.ranks, "mode": self.mode,
-            "bytes": self.nbytes, "count": self.count, "type": self.dtype, "redop": self.redop,
-            "root": self.shown_root,
-            "time_us": round(self.time_s * 1e6, 6), "time_ns": round(self.time_s * 1e9, 3),
-            "algbw_gbps": self.algbw_bytes_per_s / 1e9, "busbw_gbps": self.busbw_gbps,
-            "algorithm": self.algorithm,
+            "iteration_s": r.iteration_s,
+            "samples_per_s": r.samples_per_s,
+            "wall_s": r.wall_s,
+            **{part: None if b is None else getattr(b, part)
+               for part in ("compute_s", "communication_exposed_s", "copies_exposed_s", "host_s")},
+            "peak_hbm_bytes": max((d.peak_hbm_bytes for d in r.devices), default=0),
         }
 
-    def line(self) -> str:
-        return (f"{self.nbytes:>12}  {self.count:>12}  {self.dtype:>8}  {self.redop:>6}  {self.shown_root:>6}  "
-                f"{self.time_s * 1e6:>10.2f}  {self.algbw_bytes_per_s / 1e9:>8.2f}  {self.busbw_gbps:>8.2f}  "
-                f"{self.algorithm}")
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f}"
 
 
-def sweep(run: RunCollective, op: str, ranks: int, mode: str, sizes: list[int], dtype: str, root: int) -> list[Row]:
-    rows = []
-    for nbytes in sizes:
-        r = run(op, nbytes)
-        rows.append(Row(op, ranks, mode, nbytes, dtype, root, r.time, r.algbw, r.busbw, r.algorithm))
-    return rows
+_TABLE = Table(Column("variant", 48, "<"), Column("ms/iter", 10), Column("samples/s", 12), Column("wall ms", 10),
+               Column("compute", 9), Column("comm exp", 9), Column("copy exp", 9), Column("host", 9))
 
 
-def table(rows: list[Row], header: list[str]) -> str:
-    """nccl-tests' layout: '#' header lines, one row per size, '# Avg bus bandwidth'."""
-    lines = [f"# {h}" for h in header] + [
-        "#",
-        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>10}  {'algbw':>8}  "
-        f"{'busbw':>8}  algorithm",
-        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>10}  {'(GB/s)':>8}  {'(GB/s)':>8}",
-    ]
-    lines += [row.line() for row in rows]
-    avg = sum(r.busbw_gbps for r in rows) / len(rows) if rows else 0.0
-    lines += [f"# Avg bus bandwidth    : {avg:g}", "#"]
+def table(rows: list[Variant]) -> str:
+    head = _TABLE.header()
+    lines = [*head, "-" * len(head[0])]
+    for r in rows:
+        n = r.numbers()
+        sps = "-" if n["samples_per_s"] is None else f"{n['samples_per_s']:,.0f}"
+        lines.append(_TABLE.row(r.name, _ms(n["iteration_s"]), sps, _ms(n["wall_s"]), _ms(n["compute_s"]),
+                                _ms(n["communication_exposed_s"]), _ms(n["copies_exposed_s"]), _ms(n["host_s"])))
+    lines.append("(times in modeled ms; the breakdown parts are means over devices and sum to the wall time)")
     return "\n".join(lines)
+
+
+def plot(rows: list[Variant], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.name for r in rows]
+    values = [(r.report.iteration_s or r.report.wall_s) * 1e3 for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
+    ax.barh(range(len(rows)), values)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("modeled ms per iteration")
+    ax.set_title("zion-emu sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,6 +1,9 @@
-"""The virtual time of the zion device: the host's clock and what each device
-has done. Issuing an op costs the host its launch overhead; the op then runs on
-its stream's clock. ``clock()`` reads the host's clock: it includes device work
+"""The modeled timeline's clock and counters: the host's virtual clock and
+what each device has done. (:mod:`zion_emu.virtual_clock` is another thing:
+it makes ``time.*`` read this clock.)
+
+Issuing an op costs the host its launch overhead; the op then runs on its
+stream's clock. ``clock()`` reads the host's clock: it includes device work
 only once the host has waited for it (``torch.zion.synchronize()``,
 ``.item()``, ``.cpu()``)."""
 

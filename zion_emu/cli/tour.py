@@ -1,7 +1,6 @@
-"""``zion-emu demo`` (what ``make demo`` runs): the platform, two collective sweeps,
-and which fabric wins.
-
-Until the PyTorch device exists this shows the hardware model alone.
+"""``zion-emu tour`` (what ``make tour`` runs): the platform, two collective
+size sweeps, and which fabric wins. The hardware model alone: no device, no
+processes.
 """
 
 from __future__ import annotations
@@ -13,15 +12,16 @@ from zion_emu import sim
 from zion_emu.cli import add_platform_arguments, platform_from
 from zion_emu.cli.compare import OPS, compare_topologies, verdict
 from zion_emu.cli.info import summary
+from zion_emu.cli.nccl_table import sweep, table
 from zion_emu.cli.sizes import size_sweep
-from zion_emu.cli.sweep import sweep, table
 
 RANKS = 8
 SIZES = size_sweep(8, 1 << 30, 8)  # 8 B .. 1 GiB, x8 per row to keep it short
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("demo", help="a short tour: the platform, two collectives, ring vs fully connected",
+    p = subparsers.add_parser("tour",
+                              help="a short tour of the model: the platform, two collectives, ring vs fully connected",
                               description="Print the platform, all_reduce and all_to_all over 8 ranks from 8 B to "
                                           "1 GiB, and whether a fully connected or a ring fabric is faster.")
     add_platform_arguments(p)

@@ -1,0 +1,99 @@
+"""The run report as text: what ``zion-emu run`` prints at the end of a run.
+
+:func:`format_text` reads a :class:`zion_emu.report.RunReport`; recording
+and merging it is :mod:`zion_emu.report`.
+"""
+
+from __future__ import annotations
+
+from zion_emu._format import Column, Table, format_bytes, format_time
+from zion_emu.report import RunReport
+
+_BREAKDOWN = Table(Column("where the time goes (mean over devices)", 37, "<"), Column("time", 12),
+                   Column("share", 9), indent="  ")
+_DEVICES = Table(Column("device", 9, "<"), Column("rank", 4), Column("busy %", 7, spec=".1f"),
+                 Column("peak HBM", 12), Column("capacity", 12), Column("ops", 8), Column("guessed", 8), indent="  ")
+_SOCKETS = Table(Column("socket", 9, "<"), Column("rank", 4), Column("busy %", 7, spec=".1f"),
+                 Column("peak DDR", 12), Column("capacity", 12), Column("ops", 8), indent="  ")
+_LINKS = Table(Column("link class", 22, "<"), Column("links", 5), Column("bytes moved", 15), Column("utilization", 12),
+               indent="  ")
+_TOP_OPS = Table(Column("top work by modeled time (all devices)", 40, "<"), Column("time", 10), Column("count", 8),
+                 indent="  ")
+
+
+def _bytes(n: float) -> str:
+    return format_bytes(n, decimals=2)
+
+
+def _summary(report: RunReport) -> list[str]:
+    lines = [f"modeled wall time      {format_time(report.wall_s)}"]
+    if report.iterations:
+        lines.append(f"iterations             {report.iterations} (optimizer steps)")
+    if report.iteration_s:
+        lines.append(f"time per iteration     {format_time(report.iteration_s)} (modeled, after the first)")
+    if report.samples_per_s:
+        lines.append(f"throughput             {report.samples_per_s:,.0f} samples/s (modeled, "
+                     f"{report.samples_per_iteration} samples per iteration)")
+    return lines
+
+
+def _breakdown(report: RunReport) -> list[str]:
+    b = report.breakdown
+    if b is None:
+        return [f"breakdown: {report.breakdown_note}"] if report.breakdown_note else []
+    wall = report.wall_s
+    parts = [("compute", b.compute_s), ("communication, exposed", b.communication_exposed_s),
+             ("copies, exposed", b.copies_exposed_s), ("host (device idle)", b.host_s)]
+    rows = [(name, format_time(t), f"{100.0 * t / wall if wall > 0 else 0.0:.1f} %") for name, t in parts]
+    rows.append(("communication, overlapped", format_time(b.communication_overlapped_s), "  (hidden under compute)"))
+    return ["", *_BREAKDOWN.render(rows)]
+
+
+def _devices(report: RunReport) -> list[str]:
+    if not report.devices:
+        return []
+    return ["", *_DEVICES.render([(f"zion:{d.device}", d.rank, d.busy_pct, _bytes(d.peak_hbm_bytes),
+                                   _bytes(d.hbm_capacity_bytes), d.ops, d.guessed_ops) for d in report.devices])]
+
+
+def _sockets(report: RunReport) -> list[str]:
+    if not report.sockets:
+        return []
+    return ["", *_SOCKETS.render([(f"socket {k.socket}", k.rank, k.busy_pct, _bytes(k.peak_ddr_bytes),
+                                   _bytes(k.ddr_capacity_bytes), k.ops) for k in report.sockets])]
+
+
+def _links(report: RunReport) -> list[str]:
+    moving = [link for link in report.links if link.bytes > 0]
+    if not moving:
+        return []
+    return ["", *_LINKS.render([(link.name, link.links, _bytes(link.bytes), f"{link.utilization_pct:.2f} %")
+                                for link in moving])]
+
+
+def _top_ops(report: RunReport) -> list[str]:
+    if not report.top_ops:
+        return []
+    return ["", *_TOP_OPS.render([(op.name, format_time(op.busy_s), op.count) for op in report.top_ops])]
+
+
+def _guessed(report: RunReport) -> list[str]:
+    if not report.guessed_ops:
+        return []
+    return ["", "priced by the default guess (memory-bound; give them a formula with zion_emu.cost.register):",
+            *(f"  {op}  x{n}" for op, n in list(report.guessed_ops.items())[:10])]
+
+
+def format_text(report: RunReport) -> str:
+    """The report as ``zion-emu run`` prints it: the summary, where the time
+    went, then devices, sockets, links, the top work and the guessed ops."""
+    lines = []
+    if report.status is not None and report.status.interrupted:
+        lines.append("(partial: the run was interrupted)")
+    lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
+    for section in (_summary, _breakdown, _devices, _sockets, _links, _top_ops, _guessed):
+        lines += section(report)
+    if report.cuda_compat_remapped:
+        lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"
+                                                              for k, v in sorted(report.cuda_compat_remapped.items()))]
+    return "\n".join(lines)
