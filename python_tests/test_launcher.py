@@ -9,13 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from processes import PYTHON, REPO, alive, child_env, finish, run, started, torchrun, zion_emu_cli
 from zion_emu import report as rep
 from zion_emu.cli.whatif import split_values, variants
 
@@ -34,13 +34,6 @@ for step in range({steps}):
     opt.step()
 print("final loss", loss.item())
 """
-
-
-def zion_emu_cli(*args, timeout=180, check=True):
-    r = subprocess.run([sys.executable, "-m", "zion_emu", *args], capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
-    return r
 
 
 def write(tmp_path, name, text):
@@ -116,7 +109,7 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     """)
     out = tmp_path / "report.json"
     zion_emu_cli("run", "--nproc", "2", "--set", "collectives.algorithm=ring", "--report", str(out), str(script),
-                 timeout=240)
+                 timeout_s=240)
     report = json.loads(out.read_text())
     assert report["ranks"] == 2
     links = {link["name"]: link for link in report["links"]}
@@ -144,10 +137,9 @@ def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
             opt.step()
         dist.destroy_process_group()
     """)
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun's banner is about it
-    r = subprocess.run([sys.executable, "-m", "zion_emu", "run", "--nproc", "2", "--quiet-report", str(script)],
-                       capture_output=True, text=True, timeout=240, env=env)
-    assert r.returncode == 0, r.stderr
+    # torchrun's banner is about OMP_NUM_THREADS unset
+    r = zion_emu_cli("run", "--nproc", "2", "--quiet-report", str(script), timeout_s=240,
+                     env=child_env(OMP_NUM_THREADS=None))
     assert "OMP_NUM_THREADS" not in r.stderr and "Time stats" not in r.stderr, r.stderr
 
 
@@ -191,15 +183,17 @@ def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves
     pids = tmp_path / "pids"
     pids.mkdir()
     out, trace = tmp_path / "report.json", tmp_path / "trace.json"
-    proc = subprocess.Popen([sys.executable, "-m", "zion_emu", "run", "--nproc", "2", "--report", str(out), "--trace",
-                             str(trace), str(script)], env=dict(os.environ, PIDS=str(pids)), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(list(pids.iterdir())) < 2 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()
-    os.killpg(proc.pid, signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    with started([PYTHON, "-m", "zion_emu", "run", "--nproc", "2", "--report", str(out), "--trace", str(trace),
+                  str(script)], env=child_env(PIDS=str(pids)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True) as proc:
+        deadline = time.monotonic() + 120
+        while len(list(pids.iterdir())) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = finish(proc, 120)
+        rank_pids = [int(p.name) for p in pids.iterdir()]
+        assert not [pid for pid in rank_pids if alive(pid)], "rank processes are still there"
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert "rank 0 interrupted" in stderr and "rank 1 interrupted" in stderr
@@ -210,8 +204,6 @@ def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves
     assert report["iterations"] >= 1
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "all_reduce" for e in events)
-    for pid in (int(p.name) for p in pids.iterdir()):
-        assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} is still there"
 
 
 def test_an_unwritable_trace_is_reported_and_the_run_still_finishes(tmp_path):
@@ -256,7 +248,7 @@ def test_sweep_compares_fabric_topologies(tmp_path):
     """)
     out = tmp_path / "rows.json"
     r = zion_emu_cli("sweep", "--nproc", "4", "--set", "fabric.topology=fully_connected,ring", "--json", str(out),
-                     str(script), timeout=300)
+                     str(script), timeout_s=300)
     assert "fabric.topology=ring" in r.stdout and "ms/iter" in r.stdout
     rows = json.loads(out.read_text())
     assert [row["variant"] for row in rows] == [["fabric.topology=fully_connected"], ["fabric.topology=ring"]]
@@ -270,17 +262,10 @@ def _losses(text):
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
-    script = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "cuda_dlrm_reference_style.py")
+    script = str(REPO / "examples" / "cuda_dlrm_reference_style.py")
     args = ["--num-batches", "3", "--mini-batch-size", "16"]
-    zion = zion_emu_cli("run", "--nproc", str(nproc), "--cuda-compat", script, "--use-gpu", *args, timeout=300)
-    if nproc == 1:
-        cpu = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=300)
-    else:
-        cpu = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                              script, *args],
-                             capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
-                                                                              "GLOO_SOCKET_IFNAME": "lo"})
-    assert cpu.returncode == 0, cpu.stderr
+    zion = zion_emu_cli("run", "--nproc", str(nproc), "--cuda-compat", script, "--use-gpu", *args, timeout_s=300)
+    cpu = run([PYTHON, script, *args] if nproc == 1 else torchrun(2, script, *args), timeout_s=300, check=True)
     assert _losses(zion.stdout) == _losses(cpu.stdout) and len(_losses(cpu.stdout)) == 3
     assert "--cuda-compat remapped:" in zion.stdout
 
