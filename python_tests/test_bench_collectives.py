@@ -9,12 +9,10 @@ and busbw = algbw x the nccl-tests factor worked out here by hand.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from processes import zion_emu_cli
 from zion_emu import load_platform, sim
 from zion_emu.__main__ import main
 from zion_emu.cli.bench_collectives import BYTES_PER_ROW, bench_sizes, calls_for
@@ -53,11 +51,7 @@ def test_sizes_round_to_whole_elements_per_rank_and_large_ones_run_fewer_calls()
 
 
 def _bench(*argv: str) -> list[dict]:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-    out = subprocess.run([sys.executable, "-m", "zion_emu", "bench-collectives", "--json", *argv],
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(zion_emu_cli("bench-collectives", "--json", *argv, timeout_s=RUN_TIMEOUT_S).stdout)
 
 
 # nccl-tests' bus bandwidth factors (PERFORMANCE.md), by hand for n ranks.

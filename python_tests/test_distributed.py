@@ -10,8 +10,6 @@ rank's traceback.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -23,7 +21,7 @@ import torch.distributed as dist
 import zion_emu
 import zion_emu.distributed as zd  # registers the backend
 from zion_emu import _C, sim
-from ranks import spawn
+from processes import PYTHON, run, spawn
 
 JOIN_TIMEOUT_S = 120
 
@@ -359,9 +357,7 @@ def test_ddp_logs_modeled_forward_backward_and_communication_times_without_a_war
     """DDP asks for a timer by device type; zion's reads the modeled clock, as CUDA's reads CUDA events."""
     script = tmp_path / "ddp_times.py"
     script.write_text(DDP_TIMES_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True,
-                          timeout=JOIN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr
+    proc = run([PYTHON, str(script), str(tmp_path / "store")], timeout_s=JOIN_TIMEOUT_S, check=True)
     assert "Time stats are currently only collected" not in proc.stderr
     forward_ns, event_ns, backward_ns, comm_ns = map(int, proc.stdout.split())
     assert forward_ns == event_ns > 0  # modeled nanoseconds, not host time

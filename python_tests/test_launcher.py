@@ -206,16 +206,6 @@ def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves
     assert any(e.get("name") == "all_reduce" for e in events)
 
 
-def test_an_unwritable_trace_is_reported_and_the_run_still_finishes(tmp_path):
-    script = write(tmp_path, "t.py", TRAIN.format(steps=2))
-    out = tmp_path / "report.json"
-    r = zion_emu_cli("run", "--report", str(out), "--trace", str(tmp_path / "no" / "such" / "dir" / "t.json"), str(script),
-                     check=False)
-    assert r.returncode == 1
-    assert "could not write the trace" in r.stderr
-    assert "final loss" in r.stdout and out.exists()
-
-
 def test_run_rejects_bad_arguments_clearly(tmp_path):
     r = zion_emu_cli("run", str(tmp_path / "missing.py"), check=False)
     assert r.returncode == 2 and "does not exist" in r.stderr
@@ -267,7 +257,11 @@ def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
     zion = zion_emu_cli("run", "--nproc", str(nproc), "--cuda-compat", script, "--use-gpu", *args, timeout_s=300)
     cpu = run([PYTHON, script, *args] if nproc == 1 else torchrun(2, script, *args), timeout_s=300, check=True)
     assert _losses(zion.stdout) == _losses(cpu.stdout) and len(_losses(cpu.stdout)) == 3
-    assert "--cuda-compat remapped:" in zion.stdout
+    remapped = zion.stdout.split("--cuda-compat remapped: ")[1]
+    for name in ("Module.cuda", "torch.cuda.is_available", "torch.cuda.synchronize", "torch.device('cuda')"):
+        assert f"{name} x" in remapped, remapped
+    if nproc == 2:
+        assert "init_process_group(backend='nccl') x" in remapped, remapped
 
 
 def test_virtual_clock_makes_the_scripts_own_timing_modeled(tmp_path):
