@@ -12,17 +12,20 @@ $(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cp
 
 install: $(STAMP)
 
-# What the build and the C++ tests need from the system: g++, and Google
-# Benchmark, which python_tests/test_cpp_api.py and bench/cpp build against.
-# As root, apt-get installs what is missing; otherwise this says what to
-# install, and the C++ tests then fail with CMake's "Google Benchmark not
-# found" until it is there (benchmark_DIR may point at another install).
+# What the build needs from the system, g++, and for test, sanitize and bench
+# also Google Benchmark, which python_tests/test_cpp_api.py and bench/cpp
+# build against (a target-specific variable, seen by the targets' own
+# prerequisites). As root, apt-get installs what is missing; otherwise this
+# says what to install, and the C++ tests then fail with CMake's "Google
+# Benchmark not found" until it is there (benchmark_DIR may point at another
+# install).
 BENCHMARK_HEADERS ?= /usr/include/benchmark/benchmark.h /usr/local/include/benchmark/benchmark.h
+test sanitize bench: NEEDS_BENCHMARK = yes
 system-deps:
 	@missing=""; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	found=$${benchmark_DIR:+yes}; for h in $(BENCHMARK_HEADERS); do [ -f $$h ] && found=yes; done; \
-	[ -n "$$found" ] || missing="$$missing libbenchmark-dev"; \
+	[ -n "$${found}$(if $(NEEDS_BENCHMARK),,no)" ] || missing="$$missing libbenchmark-dev"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "make: installing$$missing (the native build and the C++ tests need it)"; \
