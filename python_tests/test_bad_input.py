@@ -158,6 +158,7 @@ def test_cli_errors_from_a_real_process_are_one_line_and_exit_code_2(script):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(script, tmp_path):
     target = tmp_path / "no" / "such" / "dir" / "trace.json"
     proc = _cli("run", "--trace", str(target), str(script))
@@ -172,19 +173,19 @@ def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(scrip
 
 # Every place that takes a device index: tensors, the current device, and torch.zion's calls.
 @pytest.mark.parametrize("make", [
-    lambda: torch.ones(2, device="zion:8"),
-    lambda: torch.empty(1, device="zion:99"),
-    lambda: torch.ones(2).to("zion:12"),
-    lambda: torch.zion.set_device(-1),
-    lambda: torch.zion.set_device(8),
-    lambda: torch.accelerator.set_device_index(8),
-    lambda: torch.zion.device(8),
-    lambda: torch.zion.synchronize(8),
-    lambda: torch.zion.Stream(8),
-    lambda: torch.zion.memory_allocated("zion:9"),
-    lambda: torch.zion.get_device_properties(8),
-    lambda: torch.zion.get_device_name("zion:8"),
-    lambda: torch.zion.get_rng_state(8),
+    pytest.param(lambda: torch.ones(2, device="zion:8"), id="ones(2, device=zion:8)"),
+    pytest.param(lambda: torch.empty(1, device="zion:99"), id="empty(1, device=zion:99)"),
+    pytest.param(lambda: torch.ones(2).to("zion:12"), id="ones(2).to(zion:12)"),
+    pytest.param(lambda: torch.zion.set_device(-1), id="zion.set_device(-1)"),
+    pytest.param(lambda: torch.zion.set_device(8), id="zion.set_device(8)"),
+    pytest.param(lambda: torch.accelerator.set_device_index(8), id="accelerator.set_device_index(8)"),
+    pytest.param(lambda: torch.zion.device(8), id="zion.device(8)"),
+    pytest.param(lambda: torch.zion.synchronize(8), id="zion.synchronize(8)"),
+    pytest.param(lambda: torch.zion.Stream(8), id="zion.Stream(8)"),
+    pytest.param(lambda: torch.zion.memory_allocated("zion:9"), id="zion.memory_allocated(zion:9)"),
+    pytest.param(lambda: torch.zion.get_device_properties(8), id="zion.get_device_properties(8)"),
+    pytest.param(lambda: torch.zion.get_device_name("zion:8"), id="zion.get_device_name(zion:8)"),
+    pytest.param(lambda: torch.zion.get_rng_state(8), id="zion.get_rng_state(8)"),
 ])
 def test_a_device_index_out_of_range_names_the_range(make):
     with pytest.raises(IndexError, match=r"^zion: device index -?\d+ is out of range; platform 'zion' has 8 devices "
@@ -371,6 +372,8 @@ def _collective_mismatch_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_collectives_that_disagree_across_ranks_raise_on_every_rank(tmp_path):
     _spawn(_collective_mismatch_worker, 2, tmp_path)
 
@@ -389,6 +392,8 @@ def _world_too_large_worker(rank: int, nprocs: int, store: str, platform_file: s
     assert time.monotonic() - begin < GROUP_TIMEOUT_S + 20
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_world_larger_than_the_platform_is_an_error_naming_the_sizes(tmp_path):
     one_oam = tmp_path / "one-oam.json"
     one_oam.write_text('{"base": "zion", "name": "one-oam", "oam": {"count": 1}, "pcie": {"switches": ['

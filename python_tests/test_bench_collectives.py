@@ -72,6 +72,8 @@ def _check_rows(rows: list[dict], op: str, n: int, sizes: list[int], algo: str =
         assert r["host_us"] > 0 and r["iters"] == 2
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_every_op_on_two_ranks_takes_the_modeled_time() -> None:
     ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
     rows = _bench("--nproc", "2", *[a for op in ops for a in ("--op", op)], "--min-bytes", "16", "--max-bytes", "16K",
@@ -86,6 +88,8 @@ def test_every_op_on_two_ranks_takes_the_modeled_time() -> None:
     assert rows[0]["time_us"] == pytest.approx(6.6 + 2 * (0.6 + 16 / (2 * 25e9) * 1e6), rel=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_four_ranks_with_a_chosen_algorithm_and_mode_beside_plain_gloo() -> None:
     rows = _bench("--nproc", "4", "--min-bytes", "1K", "--max-bytes", "1M", "--step-factor", "1024", "--iters", "2",
                   "--warmup", "1", "--algo", "ring", "--mode", "unaware", "--vs-gloo")

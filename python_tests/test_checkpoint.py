@@ -121,6 +121,7 @@ def _run(*args: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt_name", ["sgd", "adagrad"])
 def test_a_run_resumed_in_a_new_process_matches_the_uninterrupted_run(tmp_path, opt_name):
     ckpt = str(tmp_path / "ckpt.pt")
@@ -273,6 +274,8 @@ def _spawn_ranks(tmp_path: Path, tag: str, first: int, last: int, save: str = ""
     return [json.loads(Path(out.format(rank=r)).read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("api", ["torch", "dcp"])
 def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_path, api):

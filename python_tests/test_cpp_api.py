@@ -36,6 +36,8 @@ TEST_BUILD = BUILD_DIR.parent / "test-cpp"
 BUILD_TIMEOUT_S = 900
 # A test that builds a program (one torch TU, 30-120 s) may run past the suite's 300 s.
 builds = pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+# Each builds a program against the library first (or finds it built).
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], what: str, timeout: float = BUILD_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:

@@ -69,6 +69,8 @@ def _eight_rank_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_eight_ranks_fill_one_node(tmp_path):
     from test_distributed import _spawn
 
@@ -136,6 +138,8 @@ def _torchrun(node: int, port: int, out_dir: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_torchrun_two_nodes_price_inter_node_collectives_over_the_nics(tmp_path):
     platform_file = tmp_path / "zion-2node.json"
     platform_file.write_text(json.dumps({"base": "zion", "name": "zion-2node", "nodes": 2}))

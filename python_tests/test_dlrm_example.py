@@ -161,6 +161,8 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys, monkeypat
 
 # --- several ranks (torchrun) ----------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_ranks_zion_give_the_gloo_cpu_losses_bit_for_bit_and_the_one_process_losses(capsys):
     gloo = _torchrun(2, *TINY, "--device", "cpu")
     zion = _torchrun(2, *TINY, "--device", "zion")
@@ -174,6 +176,8 @@ def test_two_ranks_zion_give_the_gloo_cpu_losses_bit_for_bit_and_the_one_process
     assert [float(v) for v in _losses(gloo)] == pytest.approx([float(v) for v in _losses(one)], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_eight_ranks_train_and_report_modeled_samples_per_second():
     out = _torchrun(8, *TINY, "--device", "zion", "--mini-batch-size", "64", "--num-batches", "3")
     losses = [float(v) for v in _losses(out)]
@@ -183,6 +187,8 @@ def test_eight_ranks_train_and_report_modeled_samples_per_second():
     assert "ranks 8 tables 9 (per rank 2-1-1-1-1-1-1-1)" in out
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_ranks_that_own_no_tables_still_take_part_in_the_exchange():
     two_tables = ("--arch-embedding-size", "50-80", "--mini-batch-size", "30", "--num-batches", "2")
     gloo = _torchrun(3, *TINY, *two_tables, "--device", "cpu")

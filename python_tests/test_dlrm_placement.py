@@ -32,6 +32,7 @@ def test_auto_placement_fills_the_budget_with_the_hottest_tables():
     assert place_tables(rows, 4, 2, [2, 3], "hbm", 0) == ["hbm", "hbm"]
 
 
+@pytest.mark.slow
 def test_ddr_and_hbm_tables_train_the_same_and_the_report_says_where_time_went(tmp_path):
     hbm_losses, hbm, _ = _train(tmp_path, "hbm")
     ddr_losses, ddr, out = _train(tmp_path, "ddr")

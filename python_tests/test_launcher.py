@@ -64,6 +64,7 @@ def test_breakdown_splits_wall_time_by_hand():
     assert sum(v for k, v in b.items() if k != "communication_overlapped_s") == 10.0
 
 
+@pytest.mark.slow
 def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     script = write(tmp_path, "train.py", TRAIN.format(steps=5))
     out, trace = tmp_path / "report.json", tmp_path / "trace.json"
@@ -95,6 +96,8 @@ def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
     assert any(e["name"] == "copy H2D" for e in spans) and any(e["cat"] == "compute" for e in spans)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     script = write(tmp_path, "ar.py", """
         import os, torch, torch.distributed as dist
@@ -122,6 +125,8 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     assert b["communication_exposed_s"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
     script = write(tmp_path, "ddp.py", """
         import os, torch, torch.distributed as dist
@@ -143,6 +148,7 @@ def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
     assert "OMP_NUM_THREADS" not in r.stderr and "Time stats" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_interrupted_run_still_writes_the_partial_report(tmp_path):
     script = write(tmp_path, "loop.py", """
         import os, signal, torch
@@ -165,6 +171,8 @@ def test_interrupted_run_still_writes_the_partial_report(tmp_path):
     assert any(e.get("name") == "aten::addmm" for e in json.loads(trace.read_text())["traceEvents"])
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves_no_process(tmp_path):
     """Ctrl-C as a terminal sends it: SIGINT to the foreground process group."""
     script = write(tmp_path, "loop.py", """
@@ -206,6 +214,7 @@ def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves
     assert any(e.get("name") == "all_reduce" for e in events)
 
 
+@pytest.mark.slow
 def test_run_rejects_bad_arguments_clearly(tmp_path):
     r = zion_emu_cli("run", str(tmp_path / "missing.py"), check=False)
     assert r.returncode == 2 and "does not exist" in r.stderr
@@ -222,6 +231,8 @@ def test_sweep_values_split_at_top_level_commas():
     assert variants(["a=1,2", "b=x,y"]) == [["a=1", "b=x"], ["a=1", "b=y"], ["a=2", "b=x"], ["a=2", "b=y"]]
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_sweep_compares_fabric_topologies(tmp_path):
     script = write(tmp_path, "ar.py", """
         import os, torch, torch.distributed as dist
@@ -250,7 +261,8 @@ def _losses(text):
     return [line.split("loss=")[1].split()[0] for line in text.splitlines() if line.startswith("iter=")]
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.multiproc)])
 def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
     script = str(REPO / "examples" / "cuda_dlrm_reference_style.py")
     args = ["--num-batches", "3", "--mini-batch-size", "16"]
@@ -264,6 +276,7 @@ def test_a_script_written_for_cuda_runs_unmodified_under_cuda_compat(nproc):
         assert "init_process_group(backend='nccl') x" in remapped, remapped
 
 
+@pytest.mark.slow
 def test_virtual_clock_makes_the_scripts_own_timing_modeled(tmp_path):
     script = write(tmp_path, "timed.py", """
         import time, torch

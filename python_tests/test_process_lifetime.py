@@ -23,8 +23,6 @@ import pytest
 
 from processes import PYTHON, REPO, alive, child_env, run, started, torchrun
 
-pytestmark = pytest.mark.multiproc
-
 START_TIMEOUT_S = 120
 # The kernel sends the signal as the parent dies; this only bounds the test.
 GONE_TIMEOUT_S = 30
@@ -70,7 +68,6 @@ _SLEEPER = textwrap.dedent("""
 
 _INNER_TESTS = textwrap.dedent('''
     import os, time
-    from pathlib import Path
 
     from processes import PYTHON, started
 
@@ -92,6 +89,7 @@ _INNER_TESTS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_test_that_fails_or_times_out_leaves_no_process_behind(tmp_path: Path) -> None:
     """Two tests run by a pytest of their own, with this suite's pytest.ini and
     a 15 s timeout: one fails and one hangs while each has two processes
@@ -142,6 +140,7 @@ _TRAIN_FOREVER = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_no_rank_outlives_a_zion_emu_run_killed_with_sigkill(tmp_path: Path) -> None:
     with started([PYTHON, "-m", "zion_emu", "run", "--nproc", "2", "--quiet-report",
                   str(_write(tmp_path, _TRAIN_FOREVER))],
@@ -161,6 +160,7 @@ def test_no_rank_outlives_a_zion_emu_run_killed_with_sigkill(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.multiproc
 def test_no_rank_outlives_a_torchrun_agent_killed_with_sigkill(tmp_path: Path) -> None:
     with started(torchrun(2, str(_write(tmp_path, _TRAIN_FOREVER))),
                  env=child_env(PIDS=str(_pids_dir(tmp_path)), OMP_NUM_THREADS="1"),

@@ -199,6 +199,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_an_oom_mid_step_leaves_everything_intact_and_a_smaller_batch_then_trains():
     proc = run_python(_OOM_SCRIPT, timeout_s=JOIN_TIMEOUT_S)
     assert proc.stdout.strip() == "ok", proc.stderr
@@ -242,6 +243,8 @@ def _zombie_or_alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_rank_killed_mid_training_makes_the_other_raise_and_leaves_no_process(tmp_path):
     ctx = mp.get_context("spawn")
     store = str(tmp_path / "store")

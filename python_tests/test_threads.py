@@ -6,6 +6,7 @@ import subprocess
 import threading
 from contextlib import ExitStack
 
+import pytest
 import torch
 
 import zion_emu  # noqa: F401
@@ -54,6 +55,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_cleanly_right_after_a_backward_pass():
     # Autograd's worker thread of a device may still hold the finished backward pass (with the Python
     # objects saved in its thread state) when the script ends; released during finalization, it used to
