@@ -2,15 +2,40 @@
 PYTHON ?= python3
 STAMP := build/.installed
 
-.PHONY: install demo tour test bench clean sanitize
+.PHONY: install demo tour test bench clean sanitize system-deps
 
 # Installs the Python dependencies and builds the extension in place.
-$(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cpp' -o -name '*.h')
+$(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cpp' -o -name '*.h') | system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
 	$(PYTHON) -m pip install -q --no-build-isolation -e .
 	@mkdir -p build && touch $(STAMP)
 
 install: $(STAMP)
+
+# What the build needs from the system, g++, and for test, sanitize and bench
+# also Google Benchmark, which python_tests/test_cpp_api.py and bench/cpp
+# build against (a target-specific variable, seen by the targets' own
+# prerequisites). As root, apt-get installs what is missing; otherwise this
+# says what to install, and the C++ tests then fail with CMake's "Google
+# Benchmark not found" until it is there (benchmark_DIR may point at another
+# install).
+BENCHMARK_HEADERS ?= /usr/include/benchmark/benchmark.h /usr/local/include/benchmark/benchmark.h
+test sanitize bench: NEEDS_BENCHMARK = yes
+system-deps:
+	@missing=""; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
+	found=$${benchmark_DIR:+yes}; for h in $(BENCHMARK_HEADERS); do [ -f $$h ] && found=yes; done; \
+	[ -n "$${found}$(if $(NEEDS_BENCHMARK),,no)" ] || missing="$$missing libbenchmark-dev"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "make: installing$$missing (the native build and the C++ tests need it)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+		echo "make: not installed:$$missing. The native build needs g++, and python_tests/test_cpp_api.py and" \
+			"bench/cpp build against Google Benchmark (libbenchmark-dev): they fail without it." \
+			"Install as root: apt-get install -y$$missing" >&2; \
+		case "$$missing" in *g++*) exit 1;; esac; \
+	fi
 
 # The main job: DLRM (small config) on 8 emulated ranks of the default Zion
 # platform, then the modeled report.
@@ -21,10 +46,10 @@ demo: $(STAMP)
 tour: $(STAMP)
 	$(PYTHON) -m zion_emu tour
 
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(PYTHON) -m pytest -q python_tests
 
-bench: $(STAMP)
+bench: system-deps $(STAMP)
 	$(PYTHON) bench/run_all.py --build
 
 # AddressSanitizer + UBSan build (CMake option ZION_SANITIZE) into
@@ -38,7 +63,7 @@ ASAN_BUILD_DIR ?= build/asan
 SANITIZE_TESTS ?= python_tests
 ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
 
-sanitize:
+sanitize: system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
 	cmake -S . -B $(ASAN_BUILD_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZION_SANITIZE=ON \
 		-DZION_EXTENSION_DIR=$(abspath $(ASAN_PKG)) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))

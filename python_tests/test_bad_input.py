@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,9 +23,8 @@ import torch.distributed as dist
 
 import zion_emu
 from zion_emu import ConfigError, astra, sim
-from ranks import spawn
+from processes import spawn, zion_emu_cli
 
-REPO = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT_S = 120
 JOIN_TIMEOUT_S = 90
 GROUP_TIMEOUT_S = 10
@@ -121,10 +119,8 @@ def test_a_bandwidth_that_overflows_bytes_per_second_is_refused_at_load():
 
 # -- the command line -------------------------------------------------------
 
-def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]))
-    return subprocess.run([sys.executable, "-m", "zion_emu", *args], capture_output=True, text=True, env=env,
-                          timeout=CLI_TIMEOUT_S, cwd=cwd)
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return zion_emu_cli(*args, timeout_s=CLI_TIMEOUT_S, check=False)
 
 
 @pytest.fixture
@@ -162,6 +158,7 @@ def test_cli_errors_from_a_real_process_are_one_line_and_exit_code_2(script):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(script, tmp_path):
     target = tmp_path / "no" / "such" / "dir" / "trace.json"
     proc = _cli("run", "--trace", str(target), str(script))
@@ -174,30 +171,45 @@ def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(scrip
 
 # -- devices and tensors ----------------------------------------------------
 
+# Every place that takes a device index: tensors, the current device, and torch.zion's calls.
 @pytest.mark.parametrize("make", [
-    lambda: torch.ones(2, device="zion:8"),
-    lambda: torch.ones(2).to("zion:12"),
-    lambda: torch.zion.set_device(-1),
-    lambda: torch.zion.memory_allocated("zion:9"),
+    pytest.param(lambda: torch.ones(2, device="zion:8"), id="ones(2, device=zion:8)"),
+    pytest.param(lambda: torch.empty(1, device="zion:99"), id="empty(1, device=zion:99)"),
+    pytest.param(lambda: torch.ones(2).to("zion:12"), id="ones(2).to(zion:12)"),
+    pytest.param(lambda: torch.zion.set_device(-1), id="zion.set_device(-1)"),
+    pytest.param(lambda: torch.zion.set_device(8), id="zion.set_device(8)"),
+    pytest.param(lambda: torch.accelerator.set_device_index(8), id="accelerator.set_device_index(8)"),
+    pytest.param(lambda: torch.zion.device(8), id="zion.device(8)"),
+    pytest.param(lambda: torch.zion.synchronize(8), id="zion.synchronize(8)"),
+    pytest.param(lambda: torch.zion.Stream(8), id="zion.Stream(8)"),
+    pytest.param(lambda: torch.zion.memory_allocated("zion:9"), id="zion.memory_allocated(zion:9)"),
+    pytest.param(lambda: torch.zion.get_device_properties(8), id="zion.get_device_properties(8)"),
+    pytest.param(lambda: torch.zion.get_device_name("zion:8"), id="zion.get_device_name(zion:8)"),
+    pytest.param(lambda: torch.zion.get_rng_state(8), id="zion.get_rng_state(8)"),
 ])
 def test_a_device_index_out_of_range_names_the_range(make):
-    with pytest.raises(IndexError, match=r"zion: device index -?\d+ is out of range; platform 'zion' has 8 devices "
-                                         r"per node \(zion:0 .. zion:7\)"):
+    with pytest.raises(IndexError, match=r"^zion: device index -?\d+ is out of range; platform 'zion' has 8 devices "
+                                         r"per node \(zion:0 \.\. zion:7\)$"):
         make()
 
 
-def test_tensors_on_two_zion_devices_name_both_devices_and_the_op():
+def test_a_device_that_is_not_zion_is_refused_as_the_current_device():
+    with pytest.raises(ValueError, match="expected a zion device, got cpu"):
+        torch.zion.set_device("cpu")
+
+
+def test_tensors_on_two_devices_name_both_devices_and_the_op():
+    # CUDA's wording; zion and cpu in either order, and two zion devices.
+    same_device = r"Expected all tensors to be on the same device, but found at least two devices, "
     a, b = torch.ones(4, device="zion:0"), torch.ones(4, device="zion:1")
-    with pytest.raises(RuntimeError, match=r"same device, but found at least two devices, zion:0 and zion:1! "
-                                           r"\(when checking arguments for aten::add\)"):
+    with pytest.raises(RuntimeError, match=same_device + r"zion:0 and zion:1! \(when checking arguments for aten::add\)"):
         a + b
-    with pytest.raises(RuntimeError, match=r"zion:0 and zion:1! \(when checking arguments for aten::mm\)"):
+    with pytest.raises(RuntimeError, match=same_device + r"zion:0 and zion:1! \(when checking arguments for aten::mm\)"):
         a.view(2, 2) @ b.view(2, 2)
-
-
-def test_a_zion_tensor_with_a_cpu_tensor_names_both_devices():
-    with pytest.raises(RuntimeError, match=r"found at least two devices, zion:0 and cpu!"):
-        torch.ones(4, device="zion") * torch.ones(4)
+    with pytest.raises(RuntimeError, match=same_device + r"zion:0 and cpu! \(when checking arguments for aten::mul\)"):
+        a * torch.ones(4)
+    with pytest.raises(RuntimeError, match=same_device + r"zion and cpu! \(when checking arguments for aten::add\)"):
+        torch.ones(4) + a
 
 
 def test_an_op_with_only_a_cuda_kernel_names_the_op_and_why():
@@ -360,6 +372,8 @@ def _collective_mismatch_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_collectives_that_disagree_across_ranks_raise_on_every_rank(tmp_path):
     _spawn(_collective_mismatch_worker, 2, tmp_path)
 
@@ -378,6 +392,8 @@ def _world_too_large_worker(rank: int, nprocs: int, store: str, platform_file: s
     assert time.monotonic() - begin < GROUP_TIMEOUT_S + 20
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_world_larger_than_the_platform_is_an_error_naming_the_sizes(tmp_path):
     one_oam = tmp_path / "one-oam.json"
     one_oam.write_text('{"base": "zion", "name": "one-oam", "oam": {"count": 1}, "pcie": {"switches": ['

@@ -9,12 +9,10 @@ and busbw = algbw x the nccl-tests factor worked out here by hand.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from processes import zion_emu_cli
 from zion_emu import load_platform, sim
 from zion_emu.__main__ import main
 from zion_emu.cli.bench_collectives import BYTES_PER_ROW, bench_sizes, calls_for
@@ -53,11 +51,7 @@ def test_sizes_round_to_whole_elements_per_rank_and_large_ones_run_fewer_calls()
 
 
 def _bench(*argv: str) -> list[dict]:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-    out = subprocess.run([sys.executable, "-m", "zion_emu", "bench-collectives", "--json", *argv],
-                         capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(zion_emu_cli("bench-collectives", "--json", *argv, timeout_s=RUN_TIMEOUT_S).stdout)
 
 
 # nccl-tests' bus bandwidth factors (PERFORMANCE.md), by hand for n ranks.
@@ -78,6 +72,8 @@ def _check_rows(rows: list[dict], op: str, n: int, sizes: list[int], algo: str =
         assert r["host_us"] > 0 and r["iters"] == 2
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_every_op_on_two_ranks_takes_the_modeled_time() -> None:
     ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
     rows = _bench("--nproc", "2", *[a for op in ops for a in ("--op", op)], "--min-bytes", "16", "--max-bytes", "16K",
@@ -92,6 +88,8 @@ def test_every_op_on_two_ranks_takes_the_modeled_time() -> None:
     assert rows[0]["time_us"] == pytest.approx(6.6 + 2 * (0.6 + 16 / (2 * 25e9) * 1e6), rel=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_four_ranks_with_a_chosen_algorithm_and_mode_beside_plain_gloo() -> None:
     rows = _bench("--nproc", "4", "--min-bytes", "1K", "--max-bytes", "1M", "--step-factor", "1024", "--iters", "2",
                   "--warmup", "1", "--algo", "ring", "--mode", "unaware", "--vs-gloo")

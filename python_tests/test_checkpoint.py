@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import pytest
 import torch
 
 import zion_emu
+from processes import PYTHON, run, spawn
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, SAVE_AFTER = 6, 3
 RUN_TIMEOUT_S = 120
 
@@ -118,13 +117,11 @@ def main(argv: list[str]) -> None:
 
 
 def _run(*args: str) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]))
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
-                          timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr
+    proc = run([PYTHON, __file__, *args], timeout_s=RUN_TIMEOUT_S, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt_name", ["sgd", "adagrad"])
 def test_a_run_resumed_in_a_new_process_matches_the_uninterrupted_run(tmp_path, opt_name):
     ckpt = str(tmp_path / "ckpt.pt")
@@ -270,14 +267,15 @@ def _rank_worker(rank: int, nprocs: int, store: str, first: int, last: int, save
 
 def _spawn_ranks(tmp_path: Path, tag: str, first: int, last: int, save: str = "", resume: str = "",
                  api: str = "torch") -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = str(tmp_path / f"{tag}-rank{{rank}}.json")
-    mp.start_processes(_rank_worker, args=(2, str(tmp_path / f"store-{tag}"), first, last, save, resume, out, api),
-                       nprocs=2, join=True, start_method="spawn")
+    run_dir = tmp_path / tag  # its own rendezvous store
+    run_dir.mkdir()
+    out = str(run_dir / "rank{rank}.json")
+    spawn(_rank_worker, 2, run_dir, first, last, save, resume, out, api, timeout_s=RUN_TIMEOUT_S)
     return [json.loads(Path(out.format(rank=r)).read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("api", ["torch", "dcp"])
 def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_path, api):

@@ -25,6 +25,7 @@ import pytest
 import torch.utils
 
 import zion_emu
+from processes import run
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = Path(os.environ.get("ZION_BUILD_DIR", ROOT / "build" / "cmake")).resolve()
@@ -35,10 +36,12 @@ TEST_BUILD = BUILD_DIR.parent / "test-cpp"
 BUILD_TIMEOUT_S = 900
 # A test that builds a program (one torch TU, 30-120 s) may run past the suite's 300 s.
 builds = pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+# Each builds a program against the library first (or finds it built).
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], what: str, timeout: float = BUILD_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    proc = run(cmd, timeout_s=timeout, **kwargs)
     if proc.returncode != 0:
         output = (proc.stdout + proc.stderr)[-6000:]
         pytest.fail(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{output}", pytrace=False)
@@ -62,12 +65,6 @@ def _build(source: Path, name: str, target: str) -> Path:
     return out / target
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("ZION_PLATFORM", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def gemm_timing() -> Path:
     return _build(ROOT / "examples" / "cpp", "example", "gemm_timing")
@@ -89,7 +86,7 @@ def test_gemm_time_from_events_is_the_roofline_closed_form(gemm_timing: Path, pl
     assert compute_s > memory_s  # compute-bound, so the closed form is the FLOP term
     expected_ns = (compute_s + p.get("oam.launch_overhead_ns") * 1e-9) * 1e9
 
-    out = _run([str(gemm_timing), platform, str(m), str(n), str(k)], "gemm_timing", timeout=120, env=_env()).stdout
+    out = _run([str(gemm_timing), platform, str(m), str(n), str(k)], "gemm_timing", timeout=120).stdout
     match = re.search(rf"^{re.escape(p.name)} zion:0 matmul {m}x{n}x{k} fp32: ([0-9.]+) ns modeled", out, re.M)
     assert match, out
     assert float(match.group(1)) == pytest.approx(expected_ns, rel=1e-9, abs=1e-3)
@@ -118,7 +115,7 @@ def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
     pageable_s = size / (p.get("socket.ddr_bandwidth_gb_per_s") * 1e9) + pinned_s
 
     proc = _run([str(copy_bench), "--platform=zion", f"--benchmark_filter=^H2D/(pinned|pageable)/bytes:{size}/",
-                 "--benchmark_format=json"], "copy_bench", timeout=120, env=_env())
+                 "--benchmark_format=json"], "copy_bench", timeout=120)
     report = json.loads(proc.stdout)
     assert report["context"]["zion_platform"] == "zion"
     rows = {b["name"]: b for b in report["benchmarks"]}
@@ -140,7 +137,6 @@ def test_h2d_copy_bench_reports_the_pcie_closed_form(copy_bench: Path):
 
 @builds
 def test_copy_bench_names_a_platform_it_cannot_load(copy_bench: Path):
-    proc = subprocess.run([str(copy_bench), "--platform=no-such-preset"], capture_output=True, text=True,
-                          timeout=60, env=_env())
+    proc = run([str(copy_bench), "--platform=no-such-preset"], timeout_s=60)
     assert proc.returncode == 2
     assert "no-such-preset" in proc.stderr and "zion" in proc.stderr

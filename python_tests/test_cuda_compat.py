@@ -3,30 +3,26 @@
 The layer patches torch for a whole process, so the checks run in one helper
 interpreter that enabled it (the ``compat`` fixture): each test sends a piece
 of code, which asserts there, and a failure comes back with its traceback.
-The example script runs unmodified with the layer in subprocesses, on 1 and 2
-ranks, and its losses equal the same script's on the CPU.
+The example script written for CUDA, run unmodified on 1 and 2 ranks, is
+test_launcher.py's (through ``zion-emu run --cuda-compat``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import select
 import subprocess
-import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 import zion_emu
 from zion_emu.cuda_compat import translate_backend
+from processes import PYTHON, child_env, run_python, started
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "cuda_dlrm_reference_style.py"
 MARK = "@@cuda-compat-check@@"
 CHECK_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 240
@@ -46,20 +42,11 @@ for line in sys.stdin:
 """
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    env.pop("ZION_PLATFORM", None)
-    return env
-
-
 class CompatProcess:
     """An interpreter with cuda_compat enabled that runs checks sent to it."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", _SERVER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                                     bufsize=1)
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
 
     def check(self, code: str) -> None:
         assert self.proc.stdin and self.proc.stdout
@@ -95,9 +82,11 @@ class CompatProcess:
 
 @pytest.fixture(scope="module")
 def compat() -> Iterator[CompatProcess]:
-    p = CompatProcess()
-    yield p
-    p.close()
+    with started([PYTHON, "-u", "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.STDOUT, text=True, env=child_env(OMP_NUM_THREADS="1"), bufsize=1) as proc:
+        p = CompatProcess(proc)
+        yield p
+        p.close()
 
 
 # Devices.
@@ -457,7 +446,7 @@ def test_report_counts_remapped_calls_and_enable_is_idempotent(compat):
 
 
 def test_nothing_changes_until_enabled():
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    run_python("""
         import torch, zion_emu, zion_emu.cuda_compat as compat
         assert not compat.enabled() and not torch.cuda.is_available()
         assert torch.device("cuda").type == "cuda" and torch.device is torch._C.device
@@ -467,63 +456,4 @@ def test_nothing_changes_until_enabled():
             pass
         else:
             raise AssertionError("CUDA tensor made without cuda-compat")
-    """)], capture_output=True, text=True, env=_env(), timeout=RUN_TIMEOUT_S, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
-
-
-# The example, written for CUDA, unmodified.
-_RUNNER = """
-import runpy, sys
-import zion_emu.cuda_compat as compat
-report = compat.enable()
-script, sys.argv = sys.argv[1], sys.argv[1:]
-runpy.run_path(script, run_name="__main__")
-print("remapped", sorted(report.remapped()), file=sys.stderr)
-"""
-EXAMPLE_ARGS = ["--num-batches", "4", "--mini-batch-size", "16"]
-LOSS = re.compile(r"^iter=(\d+) loss=(\S+) time_ms=\S+$", re.M)
-
-
-def _losses(stdout: str) -> list[float]:
-    found = LOSS.findall(stdout)
-    assert [int(i) for i, _ in found] == list(range(4)), stdout
-    return [float(loss) for _, loss in found]
-
-
-def _start(command: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
-
-
-def _finish(proc: subprocess.Popen) -> tuple[str, str]:
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"{proc.args} did not finish in {RUN_TIMEOUT_S} s: {err[-3000:]}")
-    assert proc.returncode == 0, err[-4000:]
-    return out, err
-
-
-def test_example_on_one_rank_equals_the_cpu_run(tmp_path):
-    runner = tmp_path / "runner.py"
-    runner.write_text(_RUNNER)
-    cpu = _start([sys.executable, str(EXAMPLE), *EXAMPLE_ARGS])
-    zion = _start([sys.executable, str(runner), str(EXAMPLE), "--use-gpu", *EXAMPLE_ARGS])
-    (cpu_out, _), (zion_out, zion_err) = _finish(cpu), _finish(zion)
-    assert _losses(zion_out) == _losses(cpu_out)
-    assert "zion OAM" in zion_err
-    for remapped in ("Module.cuda", "torch.cuda.is_available", "torch.cuda.synchronize", "torch.device('cuda')"):
-        assert remapped in zion_err
-
-
-def test_example_on_two_ranks_with_nccl_equals_the_cpu_run_with_gloo(tmp_path):
-    runner = tmp_path / "runner.py"
-    runner.write_text(_RUNNER)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", "localhost:0"]
-    cpu = _start([*torchrun, str(EXAMPLE), *EXAMPLE_ARGS])
-    zion = _start([*torchrun, str(runner), str(EXAMPLE), "--use-gpu", *EXAMPLE_ARGS])
-    (cpu_out, _), (zion_out, zion_err) = _finish(cpu), _finish(zion)
-    assert _losses(zion_out) == _losses(cpu_out)
-    assert "init_process_group(backend='nccl')" in zion_err
+    """, timeout_s=RUN_TIMEOUT_S)

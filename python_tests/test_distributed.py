@@ -10,8 +10,6 @@ rank's traceback.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from typing import Any, Callable
@@ -23,7 +21,7 @@ import torch.distributed as dist
 import zion_emu
 import zion_emu.distributed as zd  # registers the backend
 from zion_emu import _C, sim
-from ranks import spawn
+from processes import PYTHON, run, spawn
 
 JOIN_TIMEOUT_S = 120
 
@@ -193,6 +191,8 @@ def _collectives_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_collectives_equal_gloo_and_take_the_modeled_time(tmp_path, nprocs):
     _spawn(_collectives_worker, nprocs, tmp_path)
@@ -211,6 +211,8 @@ def _two_rank_all_reduce_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_rank_all_reduce_costs_base_latency_plus_two_ring_steps(tmp_path):
     _spawn(_two_rank_all_reduce_worker, 2, tmp_path)
 
@@ -234,6 +236,8 @@ def _sub_group_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_sub_group_is_priced_on_its_own_devices(tmp_path):
     _spawn(_sub_group_worker, 4, tmp_path)
 
@@ -270,6 +274,8 @@ def _faults_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_mismatches_raise_on_every_rank_and_a_cpu_tensor_in_a_zion_call_is_refused(tmp_path):
     _spawn(_faults_worker, 2, tmp_path)
 
@@ -280,6 +286,7 @@ def _placement_worker(rank: int, nprocs: int, store: str) -> None:
         _init(rank, nprocs, store, timeout_s=20)
 
 
+@pytest.mark.multiproc
 def test_a_rank_beyond_the_platform_is_an_error_naming_its_size(tmp_path):
     _spawn(_placement_worker, 1, tmp_path)
 
@@ -325,6 +332,8 @@ def _ddp_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_ddp_on_zion_trains_like_gloo_ddp_on_cpu(tmp_path):
     _spawn(_ddp_worker, 2, tmp_path)
 
@@ -355,13 +364,12 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_ddp_logs_modeled_forward_backward_and_communication_times_without_a_warning(tmp_path):
     """DDP asks for a timer by device type; zion's reads the modeled clock, as CUDA's reads CUDA events."""
     script = tmp_path / "ddp_times.py"
     script.write_text(DDP_TIMES_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], capture_output=True, text=True,
-                          timeout=JOIN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr
+    proc = run([PYTHON, str(script), str(tmp_path / "store")], timeout_s=JOIN_TIMEOUT_S, check=True)
     assert "Time stats are currently only collected" not in proc.stderr
     forward_ns, event_ns, backward_ns, comm_ns = map(int, proc.stdout.split())
     assert forward_ns == event_ns > 0  # modeled nanoseconds, not host time
@@ -382,6 +390,8 @@ def _early_exit_worker(rank: int, nprocs: int, store: str) -> None:
     assert time.monotonic() - begin < EARLY_EXIT_TIMEOUT_S + 5
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_rank_that_exits_early_makes_the_others_raise_within_the_timeout(tmp_path):
     # Ranks next to the one that left see its connection close; the others
     # wait on them no longer than the group's timeout. Every process ends

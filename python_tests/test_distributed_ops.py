@@ -91,6 +91,8 @@ def _list_collectives_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_gather_scatter_and_list_all_to_all_equal_gloo_and_take_the_modeled_time(tmp_path, nprocs):
     _spawn(_list_collectives_worker, nprocs, tmp_path)
@@ -184,6 +186,8 @@ def _coalescing_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 @pytest.mark.parametrize("nprocs", [3])
 def test_coalesced_calls_are_priced_as_one_collective_and_batched_p2p_does_not_deadlock(tmp_path, nprocs):
     _spawn(_coalescing_worker, nprocs, tmp_path)
@@ -227,5 +231,7 @@ def _host_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_cpu_tensors_and_object_collectives_go_through_gloo_unmodeled(tmp_path):
     _spawn(_host_worker, 2, tmp_path)

@@ -68,5 +68,7 @@ def _options_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_group_with_ring_options_prices_its_collectives_as_the_ring(tmp_path):
     _spawn(_options_worker, 4, tmp_path)

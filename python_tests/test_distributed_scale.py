@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 import zion_emu
+from processes import PYTHON, child_env, finish, started
 from zion_emu import sim
 
 TORCHRUN_TIMEOUT_S = 150
@@ -68,6 +69,8 @@ def _eight_rank_worker(rank: int, nprocs: int, store: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_eight_ranks_fill_one_node(tmp_path):
     from test_distributed import _spawn
 
@@ -123,42 +126,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(node: int, port: int, env: dict[str, str], out_dir: Path) -> subprocess.Popen:
+def _torchrun(node: int, port: int, out_dir: Path) -> list[str]:
     """One of the two launches; the first hosts the rendezvous store."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run",
+    return [
+        PYTHON, "-m", "torch.distributed.run",
         "--nnodes", "2", "--nproc_per_node", "2",
         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "zion-two-nodes",
         "--rdzv_conf", f"is_host={1 if node == 0 else 0},join_timeout=60",
         "--local_addr", "127.0.0.1", "--max_restarts", "0", "--monitor_interval", "0.2",
         __file__, str(out_dir),
     ]
-    with open(out_dir / f"launch{node}.log", "w") as log:
-        # A session of its own, so a hang can be killed with its workers.
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_torchrun_two_nodes_price_inter_node_collectives_over_the_nics(tmp_path):
     platform_file = tmp_path / "zion-2node.json"
     platform_file.write_text(json.dumps({"base": "zion", "name": "zion-2node", "nodes": 2}))
-    repo = str(Path(zion_emu.__file__).resolve().parent.parent)
-    env = dict(os.environ, ZION_PLATFORM=str(platform_file), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    env = child_env(ZION_PLATFORM=str(platform_file), OMP_NUM_THREADS="1")
     port = _free_port()
-    launches = [_torchrun(0, port, env, tmp_path)]
-    time.sleep(0.5)  # the host's store first
-    launches.append(_torchrun(1, port, env, tmp_path))
     deadline = time.monotonic() + TORCHRUN_TIMEOUT_S
-    try:
+    with ExitStack() as stack:
+        launches = []
+        for node in (0, 1):
+            log = stack.enter_context(open(tmp_path / f"launch{node}.log", "w"))
+            launches.append(stack.enter_context(started(_torchrun(node, port, tmp_path), env=env, stdout=log,
+                                                        stderr=subprocess.STDOUT)))
+            time.sleep(0.5)  # the host's store first
         for p in launches:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"torchrun did not finish in {TORCHRUN_TIMEOUT_S} s")
-    finally:
-        for p in launches:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
+            finish(p, max(1.0, deadline - time.monotonic()))
     logs = "\n".join((tmp_path / f"launch{n}.log").read_text()[-3000:] for n in (0, 1))
     assert all(p.returncode == 0 for p in launches), logs
 

@@ -8,9 +8,6 @@ bounded by a timeout.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 import torch
 
 import zion_emu
+from processes import child_env, run, torchrun
 
 REPO = Path(zion_emu.__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "dlrm"
@@ -51,23 +49,9 @@ def _run_here(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def _torchrun(nproc: int, *argv: str) -> str:
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "--max-restarts", "0", "--monitor-interval", "0.2", str(EXAMPLE / "dlrm.py"), *argv]
-    # A session of its own, so a hang can be killed with its workers.
-    p = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=TORCHRUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"torchrun --nproc-per-node {nproc} did not finish in {TORCHRUN_TIMEOUT_S} s:\n{out[-3000:]}")
-    assert p.returncode == 0, out[-3000:]
-    return out
+    done = run(torchrun(nproc, str(EXAMPLE / "dlrm.py"), *argv), timeout_s=TORCHRUN_TIMEOUT_S, check=True,
+               env=child_env(OMP_NUM_THREADS="1"))
+    return done.stdout
 
 
 # --- one process ---------------------------------------------------------------
@@ -177,6 +161,8 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys, monkeypat
 
 # --- several ranks (torchrun) ----------------------------------------------------------
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_two_ranks_zion_give_the_gloo_cpu_losses_bit_for_bit_and_the_one_process_losses(capsys):
     gloo = _torchrun(2, *TINY, "--device", "cpu")
     zion = _torchrun(2, *TINY, "--device", "zion")
@@ -190,6 +176,8 @@ def test_two_ranks_zion_give_the_gloo_cpu_losses_bit_for_bit_and_the_one_process
     assert [float(v) for v in _losses(gloo)] == pytest.approx([float(v) for v in _losses(one)], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_eight_ranks_train_and_report_modeled_samples_per_second():
     out = _torchrun(8, *TINY, "--device", "zion", "--mini-batch-size", "64", "--num-batches", "3")
     losses = [float(v) for v in _losses(out)]
@@ -199,6 +187,8 @@ def test_eight_ranks_train_and_report_modeled_samples_per_second():
     assert "ranks 8 tables 9 (per rank 2-1-1-1-1-1-1-1)" in out
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_ranks_that_own_no_tables_still_take_part_in_the_exchange():
     two_tables = ("--arch-embedding-size", "50-80", "--mini-batch-size", "30", "--num-batches", "2")
     gloo = _torchrun(3, *TINY, *two_tables, "--device", "cpu")

@@ -1,7 +1,6 @@
 """Embedding tables in HBM or in socket DDR (examples/dlrm --table-placement)."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,16 +11,15 @@ EXAMPLE = ROOT / "examples" / "dlrm" / "dlrm.py"
 sys.path.insert(0, str(EXAMPLE.parent))
 
 from model import place_tables  # noqa: E402
+from processes import PYTHON, run, zion_emu_cli  # noqa: E402
 
 TINY = ["--config", "tiny", "--device", "zion", "--num-batches", "3", "--no-progress"]
 
 
-def run(tmp_path, placement, *extra):
+def _train(tmp_path, placement, *extra):
     report = tmp_path / f"{placement}.json"
-    r = subprocess.run([sys.executable, "-m", "zion_emu", "run", "--quiet-report", "--report", str(report),
-                        str(EXAMPLE), *TINY, "--table-placement", placement, *extra],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
+    r = zion_emu_cli("run", "--quiet-report", "--report", str(report), str(EXAMPLE), *TINY, "--table-placement",
+                     placement, *extra, timeout_s=240)
     losses = [line.split()[3] for line in r.stdout.splitlines() if line.startswith("iter ")]
     return losses, json.loads(report.read_text()), r.stdout
 
@@ -34,9 +32,10 @@ def test_auto_placement_fills_the_budget_with_the_hottest_tables():
     assert place_tables(rows, 4, 2, [2, 3], "hbm", 0) == ["hbm", "hbm"]
 
 
+@pytest.mark.slow
 def test_ddr_and_hbm_tables_train_the_same_and_the_report_says_where_time_went(tmp_path):
-    hbm_losses, hbm, _ = run(tmp_path, "hbm")
-    ddr_losses, ddr, out = run(tmp_path, "ddr")
+    hbm_losses, hbm, _ = _train(tmp_path, "hbm")
+    ddr_losses, ddr, out = _train(tmp_path, "ddr")
     assert hbm_losses == ddr_losses and len(hbm_losses) == 3  # placement never changes numerics
     assert "place ddr socket 0" in out
     assert ddr["iteration_s"] != hbm["iteration_s"]
@@ -51,13 +50,12 @@ def test_ddr_and_hbm_tables_train_the_same_and_the_report_says_where_time_went(t
 
 
 def test_table_placement_needs_zion():
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--config", "tiny", "--device", "cpu", "--table-placement", "ddr"],
-                       capture_output=True, text=True, timeout=120)
+    r = run([PYTHON, str(EXAMPLE), "--config", "tiny", "--device", "cpu", "--table-placement", "ddr"])
     assert r.returncode == 2 and "--table-placement ddr" in r.stderr and "needs --device zion" in r.stderr
 
 
 @pytest.mark.parametrize("budget", ["lots", "-1G"])
 def test_a_bad_hbm_budget_is_a_clear_error(budget):
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--config", "tiny", "--device", "zion", "--table-placement",
-                        "auto", "--hbm-budget", budget], capture_output=True, text=True, timeout=120)
+    r = run([PYTHON, str(EXAMPLE), "--config", "tiny", "--device", "zion", "--table-placement", "auto",
+             "--hbm-budget", budget])
     assert r.returncode == 2 and "--hbm-budget" in r.stderr

@@ -7,8 +7,6 @@ switch 0 is Gen3 x16 (12 GB/s, 150 ns), switch -> OAM 0 Gen4 x16 (24 GB/s,
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,6 +14,7 @@ import torch
 
 import zion_emu
 from zion_emu import _C, sockets
+from processes import child_env, run_python
 
 SOCKET_FP32 = 4.1216e12
 DDR = 153.6e9
@@ -139,9 +138,7 @@ def test_ddr_out_of_memory_names_the_socket_and_loses_nothing(tmp_path):
             c = torch.empty(10 << 20)                  # freed memory is reusable at once
             print("after", sockets.memory(1).in_use)
     """)
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "ZION_PLATFORM": str(platform)})
-    assert r.returncode == 0, r.stderr
+    r = run_python(script, env=child_env(ZION_PLATFORM=str(platform)))
     assert "out of DDR on socket 1 (pageable host memory)" in r.stdout
     assert "40.00 MiB" in r.stdout or "0.04 GiB" in r.stdout
     assert f"in_use {40 << 20} ooms 1 intact True" in r.stdout
@@ -150,9 +147,7 @@ def test_ddr_out_of_memory_names_the_socket_and_loses_nothing(tmp_path):
 
 def test_zion_socket_environment_places_the_whole_process(tmp_path):
     script = "import torch, zion_emu\nfrom zion_emu import sockets\nx = torch.empty(8)\nprint(sockets.socket_of(x))\n"
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "ZION_SOCKET": "6"})
-    assert r.returncode == 0, r.stderr
+    r = run_python(script, env=child_env(ZION_SOCKET="6"))
     assert r.stdout.strip() == "6"
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import zion_emu
 from zion_emu import _C
+from processes import run_python
 
-REPO = Path(__file__).resolve().parents[1]
 JOIN_TIMEOUT_S = 120
 DEVICES = 4
 
@@ -202,11 +199,10 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_an_oom_mid_step_leaves_everything_intact_and_a_smaller_batch_then_trains():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]))
-    proc = subprocess.run([sys.executable, "-c", _OOM_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=JOIN_TIMEOUT_S)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    proc = run_python(_OOM_SCRIPT, timeout_s=JOIN_TIMEOUT_S)
+    assert proc.stdout.strip() == "ok", proc.stderr
 
 
 KILL_TIMEOUT_S = 5
@@ -247,6 +243,8 @@ def _zombie_or_alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_rank_killed_mid_training_makes_the_other_raise_and_leaves_no_process(tmp_path):
     ctx = mp.get_context("spawn")
     store = str(tmp_path / "store")

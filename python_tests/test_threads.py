@@ -2,11 +2,15 @@
 threads: ops issued from several threads at once stay correct and leave the
 pools exact."""
 
+import subprocess
 import threading
+from contextlib import ExitStack
 
+import pytest
 import torch
 
 import zion_emu  # noqa: F401
+from processes import PYTHON, finish, started
 
 
 def test_threads_on_several_devices_keep_results_and_memory_exact():
@@ -51,16 +55,15 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_cleanly_right_after_a_backward_pass():
     # Autograd's worker thread of a device may still hold the finished backward pass (with the Python
     # objects saved in its thread state) when the script ends; released during finalization, it used to
     # abort the process ("terminate called without an active exception") about one run in six. The
     # runs go side by side; each must exit with 0.
-    import subprocess
-    import sys
-
-    runs = [subprocess.Popen([sys.executable, "-c", _BACKWARD_THEN_EXIT], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for _ in range(6)]
-    for run in runs:
-        out, err = run.communicate(timeout=180)
-        assert (run.returncode, out.strip()) == (0, "ok"), err[-2000:]
+    with ExitStack() as stack:
+        runs = [stack.enter_context(started([PYTHON, "-c", _BACKWARD_THEN_EXIT], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)) for _ in range(6)]
+        for run in runs:
+            out, err = finish(run, 180)
+            assert (run.returncode, out.strip()) == (0, "ok"), err[-2000:]

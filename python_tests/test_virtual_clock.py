@@ -7,28 +7,17 @@ fresh interpreter; the script asserts, and its traceback fails the test.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 import zion_emu
 import zion_emu.virtual_clock as vc
+from processes import run_python
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
 
 
 def _run(script: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("ZION_PLATFORM", None)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env,
-                          timeout=TIMEOUT_S, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
+    return run_python(script, timeout_s=TIMEOUT_S).stdout
 
 
 def test_a_matmul_timed_with_perf_counter_takes_its_modeled_time():

@@ -9,6 +9,8 @@ import atexit
 
 import torch
 
+from zion_emu._parent_death import die_with_launcher
+
 _done = False
 
 
@@ -16,6 +18,7 @@ def register() -> None:
     global _done
     if _done:
         return
+    die_with_launcher()  # a rank started by torchrun or zion-emu run does not outlive it
     from zion_emu import _C  # noqa: F401  (loads libzion_emu: kernels, allocator, guard, hooks, autocast)
     from zion_emu import device as zion_device
 
