@@ -68,7 +68,7 @@ class Options:
     mode: str | None = None
 
     def __post_init__(self) -> None:
-        from zion_emu import _dist
+        from zion_emu._C import dist as _dist
 
         for field, value in (("algorithm", self.algorithm), ("mode", self.mode)):
             if value is not None and not isinstance(value, str):
@@ -87,7 +87,7 @@ def _env_model(name: str, default: str) -> str:
 
 def _group_model(backend_options: Any) -> tuple[str, str]:
     """The (algorithm, mode) a new group prices with: its ``pg_options``, then the environment."""
-    from zion_emu import _dist
+    from zion_emu._C import dist as _dist
 
     options = Options() if backend_options is None else backend_options
     if not isinstance(options, Options):
@@ -102,7 +102,7 @@ def _group_model(backend_options: Any) -> tuple[str, str]:
 def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
     """torch.distributed's factory (extended API): one ProcessGroupZion per group;
     ``backend_options`` is the group's ``pg_options`` (an :class:`Options` or None)."""
-    from zion_emu import _dist
+    from zion_emu._C import dist as _dist
 
     algorithm, mode = _group_model(backend_options)
     rank, size = opts.group_rank, opts.group_size

@@ -1,11 +1,8 @@
-// zion_emu._dist: ProcessGroupZion for Python.
+// Bindings: zion_emu._C.dist, ProcessGroupZion for torch.distributed.
 //
-// Unlike zion_emu._C, this module is compiled against the pybind11 that
-// torch ships (torch/include), because it passes torch's own pybind types:
-// a c10d.Store and a gloo Backend come in, a c10d.Backend goes out to
-// torch.distributed. Objects of torch's pybind types cannot cross pip's
-// pybind11 (a separate registry of types), so this binding is a module of
-// its own rather than part of _C.
+// It passes torch's own pybind types: a c10d.Store and a gloo Backend come
+// in, a c10d.Backend goes out. That is why _C is built against the pybind11
+// torch ships and includes torch's pybind.h (the intrusive_ptr holder).
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -43,9 +40,9 @@ py::dict record_dict(const zion::dist::CommRecord& r) {
 
 }  // namespace
 
-PYBIND11_MODULE(_dist, m) {
-  m.doc() = "The zion torch.distributed backend (ProcessGroupZion)";
-  // torch.distributed's Backend type must be registered before ours derives from it.
+void bind_dist(py::module_& m) {
+  // torch.distributed's Backend type must be registered before ours derives
+  // from it (`import torch` has imported it already; this makes it certain).
   py::module_::import("torch.distributed");
 
   py::class_<ProcessGroupZion, c10d::Backend, c10::intrusive_ptr<ProcessGroupZion>>(
