@@ -20,8 +20,8 @@
 #include <cstring>
 #include <future>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "dist/gloo_thread_state.h"
 #include "dist/process_group_zion.h"
 #include "dist/tensor_lists.h"

@@ -6,8 +6,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "dist/gloo_thread_state.h"
 #include "dist/tensor_lists.h"
 
