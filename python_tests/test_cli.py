@@ -158,7 +158,7 @@ def test_the_choices_are_the_models_name_tables(capsys: pytest.CaptureFixture[st
     text = " ".join(capsys.readouterr().out.split())
     assert "{" + ",".join(sim.collective_op_names()) + "}" in text
     assert "{" + ",".join(sim.algorithm_names()) + "}" in text
-    assert "--link-model MODEL" in text and "fair (max-min fair share)" in text
+    assert "--link-model MODEL" in text and "links: " + ", ".join(sim.link_model_names()) in text
     assert "--mode" not in text  # the old name works but is not offered
 
 

@@ -15,16 +15,13 @@ from zion_emu.cli.plot import check_writable, plot_busbw
 from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
 from zion_emu.cli.sweep import RunCollective, sweep, table
 
-LINK_MODEL_HELP = ("fair (max-min fair share), unaware (each transfer alone on its path), "
-                   "astra (ASTRA-sim's analytical backend)")
-
-
 def add_link_model_argument(p: argparse.ArgumentParser, default_help: str) -> None:
     """--link-model, one of the model's link models, and --mode, its old
     name, still accepted but left out of --help."""
     choices = sim.link_model_names()
     p.add_argument("--link-model", choices=choices, default=None, metavar="MODEL",
-                   help=f"link model: {LINK_MODEL_HELP}; default {default_help}")
+                   help=f"how transfers share the links: {', '.join(choices)} (the README describes each); "
+                        f"default {default_help}")
     p.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
