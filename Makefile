@@ -76,4 +76,4 @@ sanitize: system-deps
 		$(PYTHON) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
 
 clean:
-	rm -rf build zion_emu/_C*.so zion_emu/_dist*.so zion_emu/libzion_emu.so
+	rm -rf build zion_emu/_C*.so zion_emu/libzion_emu.so

@@ -57,24 +57,17 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "_C", "-j", jobs])
         # _C finds libzion_emu (the device library) beside itself ($ORIGIN):
         # in the build's output and in the source package (editable installs).
-        # zion_emu._dist (the torch.distributed backend's binding) is built
-        # into out_dir with _C; editable installs load both from the source.
         library = build_dir / "libzion_emu.so"
-        dist_modules = list(out_dir.glob("_dist*.so"))
         for target in {out_dir, ROOT / "zion_emu"}:
             target.mkdir(parents=True, exist_ok=True)
             _install(library, target)
-            for module in dist_modules:
-                if module.parent != target:
-                    _install(module, target)
-
 
 setup(
     name="zion-emu",
     version="0.1.0",
     description="A virtual Facebook Zion training platform as a PyTorch device",
     packages=find_packages(include=["zion_emu", "zion_emu.*"]),
-    package_data={"zion_emu": ["platforms/*.json", "libzion_emu.so", "_dist*.so"]},
+    package_data={"zion_emu": ["platforms/*.json", "libzion_emu.so"]},
     ext_modules=[CMakeExtension("zion_emu._C")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",

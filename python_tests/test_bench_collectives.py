@@ -60,12 +60,12 @@ def _factor(op: str, n: int) -> float:
             "all_to_all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}[op]
 
 
-def _check_rows(rows: list[dict], op: str, n: int, sizes: list[int], algo: str = "auto", mode: str = "fair") -> None:
+def _check_rows(rows: list[dict], op: str, n: int, sizes: list[int], algo: str = "auto", link_model: str = "fair") -> None:
     platform = load_platform("zion")
     assert [r["bytes"] for r in rows] == sizes
     for r in rows:
-        expected = sim.collective_time(platform, op, r["bytes"], n, algo, mode)
-        assert r["op"] == op and r["ranks"] == n and r["mode"] == mode
+        expected = sim.collective_time(platform, op, r["bytes"], n, algo, link_model)
+        assert r["op"] == op and r["ranks"] == n and r["link_model"] == link_model
         assert r["time_ns"] == pytest.approx(expected * 1e9, rel=1e-6), r
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / expected / 1e9, rel=1e-6)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * _factor(op, n), rel=1e-9)
@@ -90,9 +90,9 @@ def test_every_op_on_two_ranks_takes_the_modeled_time() -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_four_ranks_with_a_chosen_algorithm_and_mode_beside_plain_gloo() -> None:
+def test_four_ranks_with_a_chosen_algorithm_and_link_model_beside_plain_gloo() -> None:
     rows = _bench("--nproc", "4", "--min-bytes", "1K", "--max-bytes", "1M", "--step-factor", "1024", "--iters", "2",
-                  "--warmup", "1", "--algo", "ring", "--mode", "unaware", "--vs-gloo")
+                  "--warmup", "1", "--algo", "ring", "--link-model", "unaware", "--vs-gloo")
     _check_rows(rows, "all_reduce", 4, [1024, 1 << 20], "ring", "unaware")
     assert {r["algorithm"] for r in rows} == {"ring"}
     assert all(r["gloo_us"] > 0 for r in rows)  # the same calls through a plain gloo group, side by side

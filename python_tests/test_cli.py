@@ -105,7 +105,7 @@ def test_all_reduce_table_8_to_8G_has_31_rows_and_busbw_is_algbw_times_2_n_minus
         algbw, busbw = float(r[6]), float(r[7])
         assert busbw == pytest.approx(algbw * 2 * 7 / 8, abs=0.005 * 1.75 + 0.005)  # both printed to 0.01
     assert "# Avg bus bandwidth" in out
-    assert "zion" in out and "all_reduce" in out and "8 ranks" in out and "mode fair" in out
+    assert "zion" in out and "all_reduce" in out and "8 ranks" in out and "link model fair" in out
 
 
 def test_step_factor_and_k_m_suffixes_set_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,8 +120,8 @@ def test_json_rows_carry_the_nccl_tests_fields(capsys: pytest.CaptureFixture[str
     p = load_platform()
     for r in rows:
         assert {"bytes", "count", "type", "time_us", "time_ns", "algbw_gbps", "busbw_gbps", "algorithm", "op",
-                "ranks", "mode"} <= set(r)
-        assert (r["op"], r["ranks"], r["mode"], r["type"]) == ("all_gather", 4, "fair", "double")
+                "ranks", "link_model"} <= set(r)
+        assert (r["op"], r["ranks"], r["link_model"], r["type"]) == ("all_gather", 4, "fair", "double")
         assert r["count"] == r["bytes"] // 8
         model = sim.collective(p, "all_gather", r["bytes"], 4)
         assert r["time_us"] == pytest.approx(model.time * 1e6)
@@ -136,11 +136,11 @@ def test_astra_sim_worked_case_takes_117780_ns(capsys: pytest.CaptureFixture[str
     # ASTRA-sim 2.0 analytical backend, 8-NPU ring, 1 MiB all-reduce, ring implementation, 4 splits.
     net, system = astra_files
     rows = json.loads(run_ok(capsys, "collectives", "--astra-network", net, "--astra-system", system, "--op",
-                             "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M", "--mode", "astra", "--json"))
+                             "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M", "--link-model", "astra", "--json"))
     assert len(rows) == 1
     assert rows[0]["time_ns"] == 117780
     assert rows[0]["time_us"] == 117.78
-    assert rows[0]["ranks"] == 8 and rows[0]["mode"] == "astra" and rows[0]["algorithm"] == "ring"
+    assert rows[0]["ranks"] == 8 and rows[0]["link_model"] == "astra" and rows[0]["algorithm"] == "ring"
 
 
 def test_astra_input_defaults_to_astra_mode_in_the_table(capsys: pytest.CaptureFixture[str],
@@ -148,8 +148,24 @@ def test_astra_input_defaults_to_astra_mode_in_the_table(capsys: pytest.CaptureF
     net, system = astra_files
     out = run_ok(capsys, "collectives", "--astra-network", net, "--astra-system", system,
                  "--min-bytes", "1M", "--max-bytes", "1M")
-    assert "mode astra" in out and "8 NPUs" in out
+    assert "link model astra" in out and "8 NPUs" in out
     assert table_rows(out)[0][5] == "117.78"
+
+
+def test_the_choices_are_the_models_name_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collectives", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{" + ",".join(sim.collective_op_names()) + "}" in text
+    assert "{" + ",".join(sim.algorithm_names()) + "}" in text
+    assert "--link-model MODEL" in text and "links: " + ", ".join(sim.link_model_names()) in text
+    assert "--mode" not in text  # the old name works but is not offered
+
+
+def test_mode_is_still_accepted_as_the_old_name_of_link_model(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("collectives", "--min-bytes", "1M", "--max-bytes", "1M", "--json")
+    new = json.loads(run_ok(capsys, *args, "--link-model", "unaware"))
+    old = json.loads(run_ok(capsys, *args, "--mode", "unaware"))
+    assert old == new and new[0]["link_model"] == "unaware"
 
 
 # --- collectives: plots -----------------------------------------------------------------------------
@@ -180,7 +196,7 @@ def test_compare_topologies_prints_fully_connected_over_ring_ratios(capsys: pyte
 @pytest.mark.parametrize("argv, problem", [
     (["collectives", "--op", "all_sum"], "all_sum"),
     (["collectives", "--algo", "spiral"], "spiral"),
-    (["collectives", "--mode", "psychic"], "psychic"),
+    (["collectives", "--link-model", "psychic"], "psychic"),
     (["collectives", "--min-bytes", "12Q"], "12Q"),
     (["collectives", "--min-bytes", "1M", "--max-bytes", "1K"], "--min-bytes"),
     (["collectives", "--ranks", "16"], "8 devices"),

@@ -139,6 +139,20 @@ def test_bus_bandwidth_factors_are_nccl_tests():
         assert sim.bus_bandwidth_factor(op, 8) == 1
 
 
+def test_each_name_table_is_bound_from_its_one_cpp_table(platform):
+    # The CLI's choices, the platform loader's checks and the errors below all
+    # read these lists, in this order.
+    assert sim.collective_op_names() == ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+                                         "reduce", "send_recv"]
+    assert sim.algorithm_names() == ["auto", "ring", "direct", "halving_doubling", "double_binary_tree",
+                                     "hierarchical", "in_switch"]
+    assert sim.link_model_names() == ["fair", "unaware", "astra"]
+    assert sim.topology_names() == ["fully_connected", "hybrid_cube_mesh", "ring", "switch"]
+    assert sim.dimension_kind_names() == ["Ring", "FullyConnected", "Switch"]
+    with pytest.raises(ValueError, match="unknown link model 'fast'; allowed: " + ", ".join(sim.link_model_names())):
+        sim.collective_time(platform(), "all_reduce", 1024, 8, link_model="fast")
+
+
 def test_bad_requests_name_the_problem(platform):
     p = platform()
     with pytest.raises(IndexError, match="8 devices"):

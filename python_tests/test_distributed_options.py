@@ -1,6 +1,8 @@
 """The model a ``zion`` group prices with: ``pg_options=zion_emu.distributed.Options``
-per group, the ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE environment for what
+per group, the ZION_COLLECTIVE_ALGO / ZION_LINK_MODEL environment for what
 the options leave out, and clear errors for names the model does not know.
+The link model's old spellings, ``Options(mode=...)`` and ZION_COLLECTIVE_MODE,
+still work.
 """
 
 from __future__ import annotations
@@ -16,28 +18,48 @@ from test_distributed import _Clock, _init, _last, _spawn
 F32 = 4
 
 
-def test_options_name_the_allowed_algorithms_and_modes() -> None:
+def test_options_name_the_allowed_algorithms_and_link_models() -> None:
     with pytest.raises(ValueError, match=r"Options: unknown collective algorithm 'rng'; allowed: auto, ring, direct"):
         zd.Options(algorithm="rng")
-    with pytest.raises(ValueError, match=r"Options: unknown link model mode 'fast'; allowed: fair, unaware, astra"):
-        zd.Options(mode="fast")
+    with pytest.raises(ValueError, match=r"Options: unknown link model 'fast'; allowed: fair, unaware, astra"):
+        zd.Options(link_model="fast")
     with pytest.raises(TypeError, match="Options.algorithm must be a string or None, got int"):
         zd.Options(algorithm=1)  # type: ignore[arg-type]
 
 
 def test_options_leave_to_the_environment_what_they_do_not_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZION_COLLECTIVE_MODE", raising=False)
     monkeypatch.setenv("ZION_COLLECTIVE_ALGO", "direct")
-    monkeypatch.setenv("ZION_COLLECTIVE_MODE", "astra")
+    monkeypatch.setenv("ZION_LINK_MODEL", "astra")
     assert zd._group_model(zd.Options(algorithm="ring")) == ("ring", "astra")
     assert zd._group_model(None) == ("direct", "astra")
     monkeypatch.delenv("ZION_COLLECTIVE_ALGO")
-    monkeypatch.delenv("ZION_COLLECTIVE_MODE")
+    monkeypatch.delenv("ZION_LINK_MODEL")
     assert zd._group_model(None) == ("auto", "fair")
     monkeypatch.setenv("ZION_COLLECTIVE_ALGO", "rign")
-    with pytest.raises(ValueError, match=r"ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE: unknown collective algorithm 'rign'"):
+    with pytest.raises(ValueError, match=r"ZION_COLLECTIVE_ALGO / ZION_LINK_MODEL: unknown collective algorithm 'rign'"):
         zd._group_model(None)
     with pytest.raises(TypeError, match="pg_options must be zion_emu.distributed.Options, got builtins.dict"):
         zd._group_model({"algorithm": "ring"})
+
+
+def test_the_old_spellings_of_the_link_model_still_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.warns(DeprecationWarning, match=r"Options\(mode=\.\.\.\) is deprecated; use link_model="):
+        options = zd.Options(algorithm="ring", mode="unaware")
+    assert options == zd.Options(algorithm="ring", link_model="unaware")
+    with pytest.raises(TypeError, match="both link_model and its deprecated name mode"):
+        zd.Options(link_model="fair", mode="astra")
+    # ZION_COLLECTIVE_MODE counts only while ZION_LINK_MODEL is unset, and an
+    # error names the variable the value came from.
+    monkeypatch.delenv("ZION_LINK_MODEL", raising=False)
+    monkeypatch.setenv("ZION_COLLECTIVE_MODE", "astra")
+    assert zd._group_model(None) == ("auto", "astra")
+    monkeypatch.setenv("ZION_LINK_MODEL", "unaware")
+    assert zd._group_model(None) == ("auto", "unaware")
+    monkeypatch.delenv("ZION_LINK_MODEL")
+    monkeypatch.setenv("ZION_COLLECTIVE_MODE", "psychic")
+    with pytest.raises(ValueError, match=r"ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE: unknown link model 'psychic'"):
+        zd._group_model(None)
 
 
 def _options_worker(rank: int, nprocs: int, store: str) -> None:
@@ -45,9 +67,9 @@ def _options_worker(rank: int, nprocs: int, store: str) -> None:
     clock = _Clock(rank, nprocs, gloo)
     devices = list(range(nprocs))
     nbytes = 1 << 20
-    ring = dist.new_group(devices, backend="zion", pg_options=zd.Options(algorithm="ring", mode="unaware"))
-    assert zd.group_model(ring) == {"algorithm": "ring", "mode": "unaware"}
-    assert zd.group_model() == {"algorithm": "auto", "mode": "fair"}  # the default group keeps its own
+    ring = dist.new_group(devices, backend="zion", pg_options=zd.Options(algorithm="ring", link_model="unaware"))
+    assert zd.group_model(ring) == {"algorithm": "ring", "link_model": "unaware"}
+    assert zd.group_model() == {"algorithm": "auto", "link_model": "fair"}  # the default group keeps its own
 
     z = torch.ones(nbytes // F32, device="zion")
     dist.all_reduce(z)

@@ -1,4 +1,4 @@
-"""The link model: routes, max-min fair sharing, congestion-unaware and ASTRA modes.
+"""The link model: routes, max-min fair sharing, congestion-unaware and ASTRA link models.
 
 Each test works its expected time by hand first."""
 
@@ -76,17 +76,17 @@ def test_dependencies_start_after_their_predecessor():
     assert r["makespan"] == pytest.approx(2 * one)
 
 
-def test_unaware_mode_ignores_sharing():
+def test_unaware_link_model_ignores_sharing():
     t = two_npus()
-    r = sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": 1e9}] * 2, mode="unaware")
+    r = sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": 1e9}] * 2, link_model="unaware")
     # hops * alpha + bytes / B, whatever else is on the link.
     assert r["makespan"] == pytest.approx(1e-6 + 0.1, rel=1e-12)
 
 
-def test_astra_mode_queues_messages_fifo_in_whole_nanoseconds():
+def test_astra_link_model_queues_messages_fifo_in_whole_nanoseconds():
     t = two_npus(bandwidth=50 * (1 << 30), latency_s=500e-9)
     m = 32768
-    r = sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": m}] * 2, mode="astra", endpoint_delay_s=10e-9)
+    r = sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": m}] * 2, link_model="astra", endpoint_delay_s=10e-9)
     # floor(500 + 32768 / 53.6870912) = floor(1110.35) = 1110 ns per message;
     # the second waits for the first (FIFO, not shared), then + 10 ns endpoint delay each.
     assert round(r["timings"][0][1] * 1e9) == 1110 + 10
@@ -102,7 +102,7 @@ def test_bad_transfers_are_rejected_with_reasons():
     with pytest.raises(ValueError, match="not an earlier transfer"):
         sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": 1, "deps": [0]}])
     with pytest.raises(ValueError, match="allowed: fair, unaware, astra"):
-        sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": 1}], mode="fast")
+        sim.simulate_transfers(t, [{"src": 0, "dst": 1, "bytes": 1}], link_model="fast")
 
 
 def test_pcie_plus_upi_path_is_limited_by_the_slower_link(platform):

@@ -21,7 +21,7 @@ from zion_emu.platform import ConfigError
 
 GIB = 1 << 30
 
-_BLOCKS = ("Ring", "FullyConnected", "Switch")
+_BLOCKS = tuple(_C.sim.dimension_kind_names())
 # ASTRA-sim's *-implementation names -> ours.
 _IMPLEMENTATIONS = {
     "ring": "ring",
@@ -219,8 +219,8 @@ class AstraMachine:
             self._models[op] = _C.sim.CollectiveModel(self.topology, list(self.network.npus_count), settings)
         return self._models[op]
 
-    def run(self, op: str, nbytes: float, mode: str = "astra", algo: str = "auto") -> Any:
-        return self.model(op).run(op, float(nbytes), list(range(self.npus)), algo, mode)
+    def run(self, op: str, nbytes: float, link_model: str = "astra", algo: str = "auto") -> Any:
+        return self.model(op).run(op, float(nbytes), list(range(self.npus)), algo, link_model)
 
 
 def load(network_path: str | os.PathLike[str], system_path: str | os.PathLike[str] | None = None) -> AstraMachine:

@@ -28,17 +28,20 @@ that has them, e.g. ``ZION_PLATFORM=zionex`` or a file
 ``{"base": "zion", "nodes": 2}``.
 
 The model: each group prices its collectives with one algorithm and one link
-model. ``pg_options=Options(algorithm="ring", mode="unaware")`` chooses them for
-a group (``init_process_group`` or ``new_group``); what it leaves out comes from
-``ZION_COLLECTIVE_ALGO`` (default: the platform's ``auto``) and
-``ZION_COLLECTIVE_MODE`` (``fair``, ``unaware`` or ``astra``; default ``fair``).
+model. ``pg_options=Options(algorithm="ring", link_model="unaware")`` chooses
+them for a group (``init_process_group`` or ``new_group``); what it leaves out
+comes from ``ZION_COLLECTIVE_ALGO`` (default: the platform's ``auto``) and
+``ZION_LINK_MODEL`` (``fair``, ``unaware`` or ``astra``; default ``fair``).
 A group created without ``pg_options`` reads the environment alone; it does not
-inherit another group's options.
+inherit another group's options. The link model's older spellings still work:
+``Options(mode=...)`` (with a DeprecationWarning) and ``ZION_COLLECTIVE_MODE``
+(read when ``ZION_LINK_MODEL`` is unset).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -47,6 +50,9 @@ import torch
 import torch.distributed as dist
 
 BACKEND = "zion"
+LINK_MODEL_ENV = "ZION_LINK_MODEL"
+# The link model's variable before it was named for it; read when LINK_MODEL_ENV is unset.
+LEGACY_LINK_MODEL_ENV = "ZION_COLLECTIVE_MODE"
 _registered = False
 
 
@@ -55,56 +61,74 @@ def _env_int(name: str) -> int:
     return int(value) if value not in (None, "") else -1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Options:
     """A zion group's model, passed as ``pg_options`` to ``init_process_group``
     or ``new_group``. ``algorithm``: a collective algorithm of
     ``zion_emu.sim.algorithm_names()`` (``auto`` lets the platform choose);
-    ``mode``: the link model, ``fair``, ``unaware`` or ``astra``. None takes
-    ``ZION_COLLECTIVE_ALGO`` / ``ZION_COLLECTIVE_MODE`` (then ``auto`` / ``fair``).
-    A value the model does not know raises ``ValueError`` listing the allowed ones."""
+    ``link_model``: one of ``zion_emu.sim.link_model_names()`` (``fair``,
+    ``unaware``, ``astra``). None takes ``ZION_COLLECTIVE_ALGO`` /
+    ``ZION_LINK_MODEL`` (then ``auto`` / ``fair``). A value the model does not
+    know raises ``ValueError`` listing the allowed ones. ``mode`` is the old
+    keyword for ``link_model``, deprecated."""
 
     algorithm: str | None = None
-    mode: str | None = None
+    link_model: str | None = None
 
-    def __post_init__(self) -> None:
-        from zion_emu import _dist
+    def __init__(self, algorithm: str | None = None, link_model: str | None = None, *, mode: str | None = None) -> None:
+        from zion_emu._C import dist as _dist
 
-        for field, value in (("algorithm", self.algorithm), ("mode", self.mode)):
+        if mode is not None:
+            if link_model is not None:
+                raise TypeError("zion backend: Options got both link_model and its deprecated name mode; pass link_model")
+            warnings.warn("zion_emu.distributed.Options(mode=...) is deprecated; use link_model=...",
+                          DeprecationWarning, stacklevel=2)
+            link_model = mode
+        object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "link_model", link_model)
+        for field, value in (("algorithm", self.algorithm), ("link_model", self.link_model)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"zion backend: Options.{field} must be a string or None, got {type(value).__name__}")
-        _dist.check_model(self.algorithm or "auto", self.mode or "fair", "zion_emu.distributed.Options")
+        _dist.check_model(self.algorithm or "auto", self.link_model or "fair", "zion_emu.distributed.Options")
 
     def resolved(self) -> tuple[str, str]:
-        """(algorithm, mode) with the environment filling what was left out."""
+        """(algorithm, link_model) with the environment filling what was left out."""
         return (self.algorithm or _env_model("ZION_COLLECTIVE_ALGO", "auto"),
-                self.mode or _env_model("ZION_COLLECTIVE_MODE", "fair"))
+                self.link_model or _env_model(_link_model_env(), "fair"))
 
 
 def _env_model(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def _link_model_env() -> str:
+    """The variable the link model is read from: ZION_LINK_MODEL, or the old
+    ZION_COLLECTIVE_MODE when only that one is set."""
+    if not os.environ.get(LINK_MODEL_ENV) and os.environ.get(LEGACY_LINK_MODEL_ENV):
+        return LEGACY_LINK_MODEL_ENV
+    return LINK_MODEL_ENV
+
+
 def _group_model(backend_options: Any) -> tuple[str, str]:
-    """The (algorithm, mode) a new group prices with: its ``pg_options``, then the environment."""
-    from zion_emu import _dist
+    """The (algorithm, link_model) a new group prices with: its ``pg_options``, then the environment."""
+    from zion_emu._C import dist as _dist
 
     options = Options() if backend_options is None else backend_options
     if not isinstance(options, Options):
         raise TypeError(f"zion backend: pg_options must be zion_emu.distributed.Options, got "
                         f"{type(options).__module__}.{type(options).__qualname__}")
-    algorithm, mode = options.resolved()
+    algorithm, link_model = options.resolved()
     # Options checked its own values; what is wrong now came from the environment.
-    _dist.check_model(algorithm, mode, "ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE")
-    return algorithm, mode
+    _dist.check_model(algorithm, link_model, f"ZION_COLLECTIVE_ALGO / {_link_model_env()}")
+    return algorithm, link_model
 
 
 def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
     """torch.distributed's factory (extended API): one ProcessGroupZion per group;
     ``backend_options`` is the group's ``pg_options`` (an :class:`Options` or None)."""
-    from zion_emu import _dist
+    from zion_emu._C import dist as _dist
 
-    algorithm, mode = _group_model(backend_options)
+    algorithm, link_model = _group_model(backend_options)
     rank, size = opts.group_rank, opts.group_size
     timeout = opts.timeout if isinstance(opts.timeout, timedelta) else timedelta(seconds=float(opts.timeout))
     # The inner gloo backend gets a store namespace of its own.
@@ -117,7 +141,7 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         local_rank=_env_int("LOCAL_RANK"),
         node_rank=_env_int("GROUP_RANK"),
         algorithm=algorithm,
-        mode=mode,
+        link_model=link_model,
     )
 
 
@@ -142,7 +166,7 @@ def backend(group: "dist.ProcessGroup | None" = None) -> Any:
 def group_model(group: "dist.ProcessGroup | None" = None) -> dict[str, str]:
     """The algorithm and link model ``group`` prices its collectives with."""
     b = backend(group)
-    return {"algorithm": b.algorithm, "mode": b.mode}
+    return {"algorithm": b.algorithm, "link_model": b.link_model}
 
 
 def last_collective(group: "dist.ProcessGroup | None" = None) -> dict[str, Any]:

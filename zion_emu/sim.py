@@ -41,14 +41,16 @@ def collective(
     nbytes: float,
     ranks: int | Sequence[int],
     algo: str = "auto",
-    mode: str = "fair",
+    link_model: str = "fair",
     root: int = 0,
     all_to_all_bytes: Sequence[Sequence[float]] | None = None,
     force_simulation: bool = False,
 ) -> "_C.sim.CollectiveResult":
-    """Times one collective; the result has time (s), algbw, busbw (bytes/s) and the algorithm used."""
+    """Times one collective; the result has time (s), algbw, busbw (bytes/s) and the algorithm used.
+    ``op``, ``algo`` and ``link_model`` are names of ``collective_op_names()``,
+    ``algorithm_names()`` and ``link_model_names()``."""
     return collective_model(platform).run(
-        op, float(nbytes), _devices(ranks), algo, mode, root,
+        op, float(nbytes), _devices(ranks), algo, link_model, root,
         [list(map(float, row)) for row in all_to_all_bytes] if all_to_all_bytes else [],
         force_simulation,
     )
@@ -60,8 +62,8 @@ def collective_time(
     nbytes: float,
     ranks: int | Sequence[int],
     algo: str = "auto",
-    mode: str = "fair",
+    link_model: str = "fair",
 ) -> float:
     """Seconds one collective takes. ``ranks``: a count n (devices 0..n-1,
     node-major, OAM-minor) or a list of global device ids."""
-    return collective(platform, op, nbytes, ranks, algo, mode).time
+    return collective(platform, op, nbytes, ranks, algo, link_model).time

@@ -14,10 +14,10 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "device/allocator.h"
-#include "device/host_memory.h"
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "sim/platform_loader.h"
 #include "sim/platform_topology.h"
 

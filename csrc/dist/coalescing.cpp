@@ -16,7 +16,7 @@
 
 #include <algorithm>
 
-#include "device/runtime.h"
+#include "device/runtime/runtime.h"
 #include "dist/process_group_zion.h"
 #include "dist/tensor_lists.h"
 

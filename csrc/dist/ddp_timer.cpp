@@ -10,8 +10,8 @@
 #include <array>
 #include <cmath>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 
 namespace zion::dist {
 namespace {

@@ -20,8 +20,8 @@
 #include <cstring>
 #include <future>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "dist/gloo_thread_state.h"
 #include "dist/process_group_zion.h"
 #include "dist/tensor_lists.h"
@@ -116,11 +116,11 @@ sim::Seconds ProcessGroupZion::charge_transfer(const char* call, const TransferE
   request.bytes = mine.bytes;
   request.devices = {src_device, dst_device};
   request.algorithm = sim::Algorithm::kAuto;
-  request.mode = mode_;
+  request.link_model = link_model_;
   sim::CollectiveResult priced = price(request);
   sim::Seconds start = std::max(mine.start, peer_start);
   device::runtime().timeline.stream_wait_until(mine.device, mine.comm, start + priced.time);
-  record({"send_recv", call, mine.bytes, request.devices, sim::algorithm_name(priced.algorithm), start, start + priced.time,
+  record({sim::collective_op_name(request.op), call, mine.bytes, request.devices, sim::algorithm_name(priced.algorithm), start, start + priced.time,
           mine.device, mine.comm});
   return start + priced.time;
 }

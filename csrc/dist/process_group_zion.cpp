@@ -6,8 +6,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "dist/gloo_thread_state.h"
 #include "dist/tensor_lists.h"
 
@@ -58,7 +58,7 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
   placement_ = place_rank(device::runtime().platform, options_.global_rank, options_.local_rank, options_.node_rank);
   try {
     algorithm_ = sim::parse_algorithm(options_.algorithm);
-    mode_ = sim::parse_link_mode(options_.mode);
+    link_model_ = sim::parse_link_model(options_.link_model);
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, "zion backend: ", e.what());
   }
@@ -125,7 +125,7 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
   p.side.device = placement_.device;
   p.request.op = op;
   p.request.algorithm = algorithm_;
-  p.request.mode = mode_;
+  p.request.link_model = link_model_;
   if (tensors.empty()) note(p.side.error, std::string("zion backend: ") + call_name(call) + ": got no tensors");
   // A call whose tensors are all on the CPU is a host call (gloo, unmodeled).
   p.side.host = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
@@ -373,7 +373,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::barrier(const c10d::BarrierOpti
   p.device = device;
   p.request.op = sim::CollectiveOp::kAllReduce;
   p.request.algorithm = algorithm_;
-  p.request.mode = mode_;
+  p.request.link_model = link_model_;
   p.side.numel = 0;
   p.request.bytes = 1;
   p.type = c10d::OpType::BARRIER;

@@ -68,7 +68,7 @@ class ProcessGroupZion : public c10d::Backend {
     int local_rank = -1;  // LOCAL_RANK when known: the OAM
     int node_rank = -1;   // GROUP_RANK when known: the node
     std::string algorithm = "auto";
-    std::string mode = "fair";
+    std::string link_model = "fair";
   };
 
   ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -125,7 +125,7 @@ class ProcessGroupZion : public c10d::Backend {
   struct Plan {
     RankSide side;
     c10::DeviceIndex device = -1;  // local zion device; -1 for CPU tensors or when the tensors are wrong
-    sim::CollectiveRequest request;  // op, bytes, root, mode, algorithm; devices come from the handshake
+    sim::CollectiveRequest request;  // op, bytes, root, link model, algorithm; devices come from the handshake
     std::vector<at::Tensor> outputs;
     c10d::OpType type = c10d::OpType::UNKNOWN;
   };
@@ -183,7 +183,7 @@ class ProcessGroupZion : public c10d::Backend {
   Options options_;
   RankPlacement placement_;
   sim::Algorithm algorithm_;
-  sim::LinkMode mode_;
+  sim::LinkModel link_model_;
 
   mutable std::mutex mutex_;  // comm streams, sequence numbers, the last record
   std::map<int, int> comm_streams_;  // local device -> its communication stream

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "device/tensor_alias.h"
+#include "device/aten/tensor_alias.h"
 
 namespace zion::dist {
 

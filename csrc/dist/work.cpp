@@ -2,8 +2,8 @@
 
 #include <c10/core/StreamGuard.h>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 
 namespace zion::dist {
 

@@ -1,4 +1,4 @@
-// Bindings: the flow model and timed collectives.
+// Bindings: the link model and timed collectives.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -66,34 +66,33 @@ void bind_collectives(py::module_& sim) {
       .def("device_vertex", &CollectiveModel::device_vertex, py::arg("device"))
       .def("run",
            [](const CollectiveModel& m, const std::string& op, double bytes, const std::vector<int>& devices,
-              const std::string& algorithm, const std::string& mode, int root,
+              const std::string& algorithm, const std::string& link_model, int root,
               const std::vector<std::vector<double>>& all_to_all_bytes, bool force_simulation) {
              CollectiveRequest r;
              r.op = parse_collective_op(op);
              r.bytes = bytes;
              r.devices = devices;
              r.algorithm = parse_algorithm(algorithm);
-             r.mode = parse_link_mode(mode);
+             r.link_model = parse_link_model(link_model);
              r.root = root;
              r.all_to_all_bytes = all_to_all_bytes;
              r.force_simulation = force_simulation;
              py::gil_scoped_release release;
              return m.run(r);
            },
-           py::arg("op"), py::arg("bytes"), py::arg("devices"), py::arg("algorithm") = "auto", py::arg("mode") = "fair",
+           py::arg("op"), py::arg("bytes"), py::arg("devices"), py::arg("algorithm") = "auto", py::arg("link_model") = "fair",
            py::arg("root") = 0, py::arg("all_to_all_bytes") = std::vector<std::vector<double>>{},
            py::arg("force_simulation") = false);
 
   sim.def("bus_bandwidth_factor", [](const std::string& op, int n) { return bus_bandwidth_factor(parse_collective_op(op), n); },
           py::arg("op"), py::arg("ranks"));
-  sim.def("algorithm_names", [] {
-    std::vector<std::string> out{"auto"};
-    for (Algorithm a : concrete_algorithms()) out.push_back(algorithm_name(a));
-    return out;
-  });
+  // The name tables of csrc/sim, for the CLI's choices and Python's checks.
+  sim.def("algorithm_names", &algorithm_names, "Collective algorithms, auto (the platform's choice per call) first");
+  sim.def("collective_op_names", &collective_op_names, "Collectives the model times");
+  sim.def("link_model_names", &link_model_names, "Link models: how transfers share the links");
 
   sim.def("simulate_transfers",
-          [](const std::shared_ptr<Topology>& t, const std::vector<py::dict>& transfers, const std::string& mode,
+          [](const std::shared_ptr<Topology>& t, const std::vector<py::dict>& transfers, const std::string& link_model,
              double endpoint_delay_s, double local_memory_bandwidth) {
             std::vector<Transfer> list;
             for (const auto& d : transfers) {
@@ -110,7 +109,7 @@ void bind_collectives(py::module_& sim) {
               }
               list.push_back(std::move(tr));
             }
-            LinkMode m = parse_link_mode(mode);
+            LinkModel m = parse_link_model(link_model);
             SimulationResult r;
             {
               py::gil_scoped_release release;
@@ -125,7 +124,7 @@ void bind_collectives(py::module_& sim) {
             out["rate_updates"] = r.rate_updates;
             return out;
           },
-          py::arg("topology"), py::arg("transfers"), py::arg("mode") = "fair", py::arg("endpoint_delay_s") = 0.0,
+          py::arg("topology"), py::arg("transfers"), py::arg("link_model") = "fair", py::arg("endpoint_delay_s") = 0.0,
           py::arg("local_memory_bandwidth_bytes_per_s") = 0.0,
           "transfers: dicts with src, dst (vertex ids), bytes, and optional deps, not_before, reduce_bytes");
 }

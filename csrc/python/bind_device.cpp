@@ -10,11 +10,11 @@
 #include <memory>
 #include <string>
 
-#include "device/allocator.h"
-#include "device/copy.h"
-#include "device/generator.h"
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/allocator.h"
+#include "device/aten/copy.h"
+#include "device/runtime/generator.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 #include "sim/platform_loader.h"
 
 namespace py = pybind11;

@@ -1,11 +1,8 @@
-// zion_emu._dist: ProcessGroupZion for Python.
+// Bindings: zion_emu._C.dist, ProcessGroupZion for torch.distributed.
 //
-// Unlike zion_emu._C, this module is compiled against the pybind11 that
-// torch ships (torch/include), because it passes torch's own pybind types:
-// a c10d.Store and a gloo Backend come in, a c10d.Backend goes out to
-// torch.distributed. Objects of torch's pybind types cannot cross pip's
-// pybind11 (a separate registry of types), so this binding is a module of
-// its own rather than part of _C.
+// It passes torch's own pybind types: a c10d.Store and a gloo Backend come
+// in, a c10d.Backend goes out. That is why _C is built against the pybind11
+// torch ships and includes torch's pybind.h (the intrusive_ptr holder).
 
 #include <torch/csrc/utils/pybind.h>
 
@@ -19,7 +16,7 @@
 
 #include "dist/process_group_zion.h"
 #include "sim/collective.h"
-#include "sim/flow_model.h"
+#include "sim/link_model.h"
 
 namespace py = pybind11;
 using zion::dist::ProcessGroupZion;
@@ -43,9 +40,9 @@ py::dict record_dict(const zion::dist::CommRecord& r) {
 
 }  // namespace
 
-PYBIND11_MODULE(_dist, m) {
-  m.doc() = "The zion torch.distributed backend (ProcessGroupZion)";
-  // torch.distributed's Backend type must be registered before ours derives from it.
+void bind_dist(py::module_& m) {
+  // torch.distributed's Backend type must be registered before ours derives
+  // from it (`import torch` has imported it already; this makes it certain).
   py::module_::import("torch.distributed");
 
   py::class_<ProcessGroupZion, c10d::Backend, c10::intrusive_ptr<ProcessGroupZion>>(
@@ -54,13 +51,13 @@ PYBIND11_MODULE(_dist, m) {
       "time from the collective model on the device timeline")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
                        int size, int global_rank, int local_rank, int node_rank, const std::string& algorithm,
-                       const std::string& mode) {
+                       const std::string& link_model) {
              ProcessGroupZion::Options options;
              options.global_rank = global_rank;
              options.local_rank = local_rank;
              options.node_rank = node_rank;
              options.algorithm = algorithm;
-             options.mode = mode;
+             options.link_model = link_model;
              try {
                return c10::make_intrusive<ProcessGroupZion>(store, gloo, rank, size, options);
              } catch (const c10::ValueError& e) {
@@ -70,12 +67,12 @@ PYBIND11_MODULE(_dist, m) {
              }
            }),
            py::arg("store"), py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("global_rank"),
-           py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("mode") = "fair")
+           py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair")
       .def_property_readonly("global_device", [](const ProcessGroupZion& pg) { return pg.placement().device; },
                              "The global device (node-major, OAM-minor) the collective model places this rank on")
       .def_property_readonly("algorithm", [](const ProcessGroupZion& pg) { return pg.options().algorithm; },
                              "The collective algorithm this group prices with (auto: the platform's choice per call)")
-      .def_property_readonly("mode", [](const ProcessGroupZion& pg) { return pg.options().mode; },
+      .def_property_readonly("link_model", [](const ProcessGroupZion& pg) { return pg.options().link_model; },
                              "The link model this group prices with: fair, unaware or astra")
       .def_property_readonly("node", [](const ProcessGroupZion& pg) { return pg.placement().node; })
       .def_property_readonly("oam", [](const ProcessGroupZion& pg) { return pg.placement().oam; })
@@ -83,14 +80,14 @@ PYBIND11_MODULE(_dist, m) {
            "The last communication of this rank: op, call, bytes, devices, algorithm, start, end, time (s), device, stream");
 
   m.def("check_model",
-        [](const std::string& algorithm, const std::string& mode, const std::string& where) {
+        [](const std::string& algorithm, const std::string& link_model, const std::string& where) {
           try {
             zion::sim::parse_algorithm(algorithm);
-            zion::sim::parse_link_mode(mode);
+            zion::sim::parse_link_model(link_model);
           } catch (const std::invalid_argument& e) {
             throw py::value_error("zion backend: " + where + ": " + e.what());
           }
         },
-        py::arg("algorithm"), py::arg("mode"), py::arg("where"),
+        py::arg("algorithm"), py::arg("link_model"), py::arg("where"),
         "Raises ValueError, naming `where` and the allowed values, unless the collective model knows both names");
 }

@@ -4,9 +4,9 @@
 
 #include <pybind11/pybind11.h>
 
-#include "device/host_memory.h"
-#include "device/runtime.h"
-#include "device/sockets.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/sockets.h"
 
 namespace py = pybind11;
 using namespace zion;

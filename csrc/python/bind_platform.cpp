@@ -104,10 +104,13 @@ void bind_platform(py::module_& sim) {
            },
            py::arg("src"), py::arg("dst"));
 
+  sim.def("topology_names", &fabric_topology_names, "The values of a platform's fabric.topology");
+  sim.def("dimension_kind_names", &dimension_kind_names, "The blocks of an ASTRA-sim network's topology list");
+
   sim.def("build_topology", [](const Platform& p) { return std::make_shared<Topology>(build_topology(p)); }, py::arg("platform"));
   sim.def("build_dimension_topology", [](const std::vector<std::tuple<std::string, int, double, double>>& dims) {
             std::vector<DimensionBlock> blocks;
-            for (const auto& [kind, npus, bw, lat] : dims) blocks.push_back({kind, npus, bw, lat});
+            for (const auto& [kind, npus, bw, lat] : dims) blocks.push_back({parse_dimension_kind(kind), npus, bw, lat});
             return std::make_shared<Topology>(build_dimension_topology(blocks));
           },
           py::arg("dims"), "dims: (kind, npus, bandwidth bytes/s, latency s) per dimension, innermost first");

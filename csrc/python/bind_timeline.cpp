@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "device/allocator.h"
-#include "device/copy.h"
-#include "device/runtime.h"
+#include "device/runtime/allocator.h"
+#include "device/aten/copy.h"
+#include "device/runtime/runtime.h"
 
 namespace py = pybind11;
 using namespace zion;

@@ -1,5 +1,6 @@
 // zion_emu._C: the only place that knows both C++ and Python.
-// Submodule `sim` holds the hardware model (csrc/sim).
+// Submodule `sim` holds the hardware model (csrc/sim), submodule `dist` the
+// torch.distributed backend (csrc/dist); the device's bindings are top level.
 
 #include <pybind11/pybind11.h>
 
@@ -13,6 +14,7 @@ void bind_op_cost(py::module_& sim);
 void bind_device(py::module_& m);
 void bind_host_memory(py::module_& m);
 void bind_timeline(py::module_& m);
+void bind_dist(py::module_& dist);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "zion-emu native core";
@@ -25,4 +27,6 @@ PYBIND11_MODULE(_C, m) {
   bind_device(m);
   bind_host_memory(m);
   bind_timeline(m);
+  py::module_ dist = m.def_submodule("dist", "The zion torch.distributed backend (ProcessGroupZion)");
+  bind_dist(dist);
 }

@@ -7,6 +7,7 @@
 // and the per-rank output of all_gather. Results carry algbw = bytes / time
 // and busbw = algbw x the nccl-tests factor of the operation.
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -14,19 +15,42 @@
 #include <unordered_map>
 #include <vector>
 
-#include "flow_model.h"
+#include "link_model.h"
+#include "names.h"
 #include "platform.h"
 #include "topology.h"
 
 namespace zion::sim {
 
 enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kAllToAll, kBroadcast, kReduce, kSendRecv };
+inline constexpr std::array<Named<CollectiveOp>, 7> kCollectiveOps{{
+    {CollectiveOp::kAllReduce, "all_reduce"},
+    {CollectiveOp::kReduceScatter, "reduce_scatter"},
+    {CollectiveOp::kAllGather, "all_gather"},
+    {CollectiveOp::kAllToAll, "all_to_all"},
+    {CollectiveOp::kBroadcast, "broadcast"},
+    {CollectiveOp::kReduce, "reduce"},
+    {CollectiveOp::kSendRecv, "send_recv"},
+}};
+
 enum class Algorithm { kAuto, kRing, kDirect, kHalvingDoubling, kDoubleBinaryTree, kHierarchical, kInSwitch };
+// kAuto first: the concrete algorithms are the rest of the table.
+inline constexpr std::array<Named<Algorithm>, 7> kAlgorithms{{
+    {Algorithm::kAuto, "auto"},
+    {Algorithm::kRing, "ring"},
+    {Algorithm::kDirect, "direct"},
+    {Algorithm::kHalvingDoubling, "halving_doubling"},
+    {Algorithm::kDoubleBinaryTree, "double_binary_tree"},
+    {Algorithm::kHierarchical, "hierarchical"},
+    {Algorithm::kInSwitch, "in_switch"},
+}};
 
 const char* collective_op_name(CollectiveOp op);
 CollectiveOp parse_collective_op(const std::string& name);  // throws std::invalid_argument naming the allowed
+std::vector<std::string> collective_op_names();
 const char* algorithm_name(Algorithm a);
-Algorithm parse_algorithm(const std::string& name);
+Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argument naming the allowed
+std::vector<std::string> algorithm_names();           // "auto" first
 const std::vector<Algorithm>& concrete_algorithms();  // every algorithm but kAuto
 
 // nccl-tests bus-bandwidth factor: all_reduce 2(n-1)/n; reduce_scatter,
@@ -38,7 +62,7 @@ struct CollectiveRequest {
   double bytes = 0;
   std::vector<int> devices;  // global device ids; for send/recv: {sender, receiver}
   Algorithm algorithm = Algorithm::kAuto;
-  LinkMode mode = LinkMode::kFair;
+  LinkModel link_model = LinkModel::kFair;
   int root = 0;  // index into `devices`, for broadcast and reduce
   // all_to_all with uneven sizes: matrix[i][j] = bytes devices[i] sends to
   // devices[j]. Empty: every pair gets bytes / n.

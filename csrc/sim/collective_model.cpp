@@ -10,63 +10,27 @@
 #include "platform_topology.h"
 
 namespace zion::sim {
-namespace {
 
-const std::vector<std::pair<CollectiveOp, const char*>> kOps = {
-    {CollectiveOp::kAllReduce, "all_reduce"}, {CollectiveOp::kReduceScatter, "reduce_scatter"},
-    {CollectiveOp::kAllGather, "all_gather"}, {CollectiveOp::kAllToAll, "all_to_all"},
-    {CollectiveOp::kBroadcast, "broadcast"},  {CollectiveOp::kReduce, "reduce"},
-    {CollectiveOp::kSendRecv, "send_recv"}};
-const std::vector<std::pair<Algorithm, const char*>> kAlgorithms = {
-    {Algorithm::kAuto, "auto"},
-    {Algorithm::kRing, "ring"},
-    {Algorithm::kDirect, "direct"},
-    {Algorithm::kHalvingDoubling, "halving_doubling"},
-    {Algorithm::kDoubleBinaryTree, "double_binary_tree"},
-    {Algorithm::kHierarchical, "hierarchical"},
-    {Algorithm::kInSwitch, "in_switch"}};
+const char* collective_op_name(CollectiveOp op) { return name_of(kCollectiveOps, op); }
 
-template <typename E>
-std::string allowed_names(const std::vector<std::pair<E, const char*>>& table) {
-  std::string out;
-  for (const auto& [e, name] : table) out += (out.empty() ? "" : ", ") + std::string(name);
-  return out;
-}
+CollectiveOp parse_collective_op(const std::string& name) { return parse_name(kCollectiveOps, name, "collective"); }
 
-}  // namespace
+std::vector<std::string> collective_op_names() { return names_of(kCollectiveOps); }
 
-const char* collective_op_name(CollectiveOp op) {
-  for (const auto& [o, name] : kOps) {
-    if (o == op) return name;
-  }
-  return "?";
-}
+const char* algorithm_name(Algorithm a) { return name_of(kAlgorithms, a); }
 
-CollectiveOp parse_collective_op(const std::string& name) {
-  for (const auto& [o, n] : kOps) {
-    if (name == n) return o;
-  }
-  throw std::invalid_argument("unknown collective '" + name + "'; allowed: " + allowed_names(kOps));
-}
+Algorithm parse_algorithm(const std::string& name) { return parse_name(kAlgorithms, name, "collective algorithm"); }
 
-const char* algorithm_name(Algorithm a) {
-  for (const auto& [x, name] : kAlgorithms) {
-    if (x == a) return name;
-  }
-  return "?";
-}
-
-Algorithm parse_algorithm(const std::string& name) {
-  for (const auto& [a, n] : kAlgorithms) {
-    if (name == n) return a;
-  }
-  throw std::invalid_argument("unknown collective algorithm '" + name + "'; allowed: " + allowed_names(kAlgorithms));
-}
+std::vector<std::string> algorithm_names() { return names_of(kAlgorithms); }
 
 const std::vector<Algorithm>& concrete_algorithms() {
-  static const std::vector<Algorithm> all = {Algorithm::kRing, Algorithm::kDirect, Algorithm::kHalvingDoubling,
-                                             Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical,
-                                             Algorithm::kInSwitch};
+  static const std::vector<Algorithm> all = [] {
+    std::vector<Algorithm> out;
+    for (const auto& entry : kAlgorithms) {
+      if (entry.value != Algorithm::kAuto) out.push_back(entry.value);
+    }
+    return out;
+  }();
   return all;
 }
 
@@ -168,7 +132,7 @@ CollectiveResult CollectiveModel::run(const CollectiveRequest& request) const {
   if (request.all_to_all_bytes.empty()) {
     std::ostringstream k;
     k << static_cast<int>(request.op) << '|' << std::hexfloat << request.bytes << '|' << static_cast<int>(request.algorithm)
-      << '|' << static_cast<int>(request.mode) << '|' << request.root << '|' << request.force_simulation << '|';
+      << '|' << static_cast<int>(request.link_model) << '|' << request.root << '|' << request.force_simulation << '|';
     for (int d : request.devices) k << d << ',';
     key = k.str();
     std::lock_guard<std::mutex> lock(cache_mutex_);
@@ -196,7 +160,7 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
   int n = static_cast<int>(request.devices.size());
   CollectiveResult result;
   if (n == 1) {
-    result.time = request.mode == LinkMode::kAstra ? 0 : settings_.base_latency;
+    result.time = request.link_model == LinkModel::kAstra ? 0 : settings_.base_latency;
     result.closed_form = true;
   } else {
     Algorithm wanted = request.algorithm == Algorithm::kAuto ? settings_.default_algorithm : request.algorithm;

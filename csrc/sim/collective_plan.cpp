@@ -15,7 +15,7 @@ bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::
 // paths) gets min over its links of bandwidth / sub-flows on that link. When
 // all sub-flows get the same rate, have the same size and latency, that is
 // exactly the max-min fair allocation and the step lasts latency + size/rate.
-std::optional<Seconds> step_time(const PlanStep& step, const Topology& t, LinkMode mode, const AstraParams& astra,
+std::optional<Seconds> step_time(const PlanStep& step, const Topology& t, LinkModel link_model, const AstraParams& astra,
                                  std::vector<int>& users) {
   struct Sub {
     const Path* path;
@@ -44,20 +44,20 @@ std::optional<Seconds> step_time(const PlanStep& step, const Topology& t, LinkMo
     bool shared = false;
     for (int l : s.path->links) {
       const Link& link = t.links()[l];
-      double r = mode == LinkMode::kFair ? link.bandwidth / users[l] : link.bandwidth;
+      double r = link_model == LinkModel::kFair ? link.bandwidth / users[l] : link.bandwidth;
       rate = std::min(rate, r);
       shared = shared || users[l] > 1;
     }
-    if (mode == LinkMode::kAstra && shared) uniform = false;  // FIFO queueing: simulate
+    if (link_model == LinkModel::kAstra && shared) uniform = false;  // FIFO queueing: simulate
     if (rate0 < 0) rate0 = rate;
     if (!close(rate, rate0) || !close(s.bytes, bytes0) || !close(s.path->latency, latency0) ||
-        (mode == LinkMode::kAstra && !close(s.reduce, reduce0))) {
+        (link_model == LinkModel::kAstra && !close(s.reduce, reduce0))) {
       uniform = false;
     }
     if (!uniform) break;
   }
   if (uniform) {
-    if (mode == LinkMode::kAstra) {
+    if (link_model == LinkModel::kAstra) {
       // Every sub-flow has its own links; they take the same hop times.
       Seconds worst = 0;
       for (const Sub& s : subs) {
@@ -100,14 +100,14 @@ size_t unrolled_flow_count(const Plan& plan) {
   return n;
 }
 
-std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& t, LinkModel link_model, const AstraParams& astra) {
   // Per-link flow counts, all zero between calls; kept per thread so a
   // query on a large machine does not clear thousands of counters.
   thread_local std::vector<int> users;
   if (users.size() < t.links().size()) users.assign(t.links().size(), 0);
   Seconds total = 0;
   for (const PlanStep& step : plan) {
-    auto st = step_time(step, t, mode, astra, users);
+    auto st = step_time(step, t, link_model, astra, users);
     if (!st) return std::nullopt;
     total += *st * step.repeat;
   }
@@ -140,23 +140,23 @@ void visit_step_paths(const Plan& plan, const Topology& t, Visit&& visit) {
   }
 }
 
-double path_rate(const Path& p, const Topology& t, LinkMode mode, const std::vector<int>& users) {
+double path_rate(const Path& p, const Topology& t, LinkModel link_model, const std::vector<int>& users) {
   double rate = std::numeric_limits<double>::infinity();
-  for (int l : p.links) rate = std::min(rate, t.links()[l].bandwidth / (mode == LinkMode::kFair ? users[l] : 1));
+  for (int l : p.links) rate = std::min(rate, t.links()[l].bandwidth / (link_model == LinkModel::kFair ? users[l] : 1));
   return rate;
 }
 
 }  // namespace
 
-Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra) {
+Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkModel link_model, const AstraParams& astra) {
   std::vector<Seconds> worst(plan.size(), 0);
   visit_step_paths(plan, t, [&](size_t i, const PlanFlow& f, const Path& p, double bytes, const std::vector<int>& users) {
     Seconds time = 0;
-    if (mode == LinkMode::kAstra) {
+    if (link_model == LinkModel::kAstra) {
       for (int l : p.links) time += users[l] * astra_link_time(t.links()[l], bytes);
       time += astra.endpoint_delay + astra_reduction_time(astra, f.reduce_bytes);
     } else {
-      time = p.latency + bytes / path_rate(p, t, mode, users);
+      time = p.latency + bytes / path_rate(p, t, link_model, users);
     }
     worst[i] = std::max(worst[i], time);
   });
@@ -165,11 +165,11 @@ Seconds step_synchronous_time(const Plan& plan, const Topology& t, LinkMode mode
   return total;
 }
 
-std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& t, LinkMode mode, double plan_bytes) {
-  if (mode == LinkMode::kAstra) throw std::invalid_argument("step_synchronous_lines: ASTRA steps are not lines in size");
+std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& t, LinkModel link_model, double plan_bytes) {
+  if (link_model == LinkModel::kAstra) throw std::invalid_argument("step_synchronous_lines: ASTRA steps are not lines in size");
   std::vector<StepLines> steps(plan.size());
   visit_step_paths(plan, t, [&](size_t i, const PlanFlow&, const Path& p, double bytes, const std::vector<int>& users) {
-    steps[i].lines.emplace_back(p.latency, bytes / path_rate(p, t, mode, users) / plan_bytes);
+    steps[i].lines.emplace_back(p.latency, bytes / path_rate(p, t, link_model, users) / plan_bytes);
   });
   for (size_t i = 0; i < plan.size(); ++i) {
     steps[i].repeat = plan[i].repeat;
@@ -250,12 +250,12 @@ Seconds critical_path_time(const Plan& plan, const Topology& t, bool with_latenc
   return makespan;
 }
 
-Seconds simulate_plan(const Plan& plan, const Topology& t, LinkMode mode, const AstraParams& astra, int copies,
+Seconds simulate_plan(const Plan& plan, const Topology& t, LinkModel link_model, const AstraParams& astra, int copies,
                       int* transfers) {
   std::vector<Transfer> flat = unroll(plan, copies);
   if (transfers) *transfers = static_cast<int>(flat.size());
   if (flat.empty()) return 0;
-  return simulate(t, flat, mode, astra).makespan;
+  return simulate(t, flat, link_model, astra).makespan;
 }
 
 }  // namespace zion::sim

@@ -3,7 +3,7 @@
 // point-to-point flows that run at once, possibly repeated. A plan is timed
 // either in closed form (when every step is symmetric: all flows the same
 // size, latency and fair-share rate, so a step lasts latency + bytes / rate)
-// or step by step in the flow model, where a rank's flows of one step wait
+// or step by step in the link model, where a rank's flows of one step wait
 // for everything that rank sent and received in its previous step.
 
 #include <optional>
@@ -55,15 +55,15 @@ Plan merge_parallel(const std::vector<Plan>& groups);
 
 size_t unrolled_flow_count(const Plan& plan);
 
-std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topology, LinkMode mode,
+std::optional<Seconds> closed_form_time(const Plan& plan, const Topology& topology, LinkModel link_model,
                                         const AstraParams& astra);
 
 // An estimate for plans too large to simulate: steps run one after another,
 // each as long as its slowest flow at min over its links of bandwidth /
 // flows on the link. Exact where closed_form_time applies.
-Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra);
+Seconds step_synchronous_time(const Plan& plan, const Topology& topology, LinkModel link_model, const AstraParams& astra);
 
-// The same estimate as a function of size (fair and unaware modes), for a
+// The same estimate as a function of size (fair and unaware link models), for a
 // plan built at `plan_bytes` whose flows all scale with size: each step
 // lasts the longest of its flows' lines latency + bytes * seconds_per_byte.
 // Lines another line of the step outlasts at every size are dropped, so a
@@ -72,7 +72,7 @@ struct StepLines {
   int repeat = 1;
   std::vector<std::pair<Seconds, double>> lines;  // (latency, seconds per byte of the collective)
 };
-std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& topology, LinkMode mode,
+std::vector<StepLines> step_synchronous_lines(const Plan& plan, const Topology& topology, LinkModel link_model,
                                               double plan_bytes);
 Seconds step_synchronous_time(const std::vector<StepLines>& steps, double bytes);
 
@@ -83,7 +83,7 @@ Seconds step_synchronous_time(const std::vector<StepLines>& steps, double bytes)
 Seconds critical_path_time(const Plan& plan, const Topology& topology, bool with_latency = true);
 
 // `copies` independent instances of the plan run at once (ASTRA's active chunks).
-Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkMode mode, const AstraParams& astra,
+Seconds simulate_plan(const Plan& plan, const Topology& topology, LinkModel link_model, const AstraParams& astra,
                       int copies, int* transfers);
 
 }  // namespace zion::sim

@@ -40,7 +40,7 @@ PlanContext CollectiveModel::Internals::context(const std::vector<int>& devices,
   for (int d : devices) c.vertices.push_back(model.device_vertex_[d]);
   c.root = root;
   c.pipeline_chunks = model.settings_.pipeline_chunks;
-  c.bidirectional = request.mode != LinkMode::kAstra;  // ASTRA-sim's rings run one way
+  c.bidirectional = request.link_model != LinkModel::kAstra;  // ASTRA-sim's rings run one way
   c.in_switch_efficiency = model.settings_.in_switch_efficiency;
   if (model.settings_.in_switch_reduction && model.devices_per_node_ > 0) {
     int node = devices.front() / model.devices_per_node_;
@@ -136,7 +136,7 @@ std::vector<Algorithm> CollectiveModel::Internals::level_choices(const Layout& l
       choices.push_back(fixed[ph.level]);
       continue;
     }
-    if (request.mode == LinkMode::kAstra) {
+    if (request.link_model == LinkModel::kAstra) {
       choices.push_back(Algorithm::kRing);  // ASTRA-sim's default implementation
       continue;
     }
@@ -146,7 +146,7 @@ std::vector<Algorithm> CollectiveModel::Internals::level_choices(const Layout& l
     double best_time = std::numeric_limits<double>::infinity();
     for (Algorithm a : {Algorithm::kRing, Algorithm::kDirect, Algorithm::kHalvingDoubling, Algorithm::kInSwitch}) {
       if (a == Algorithm::kDirect && n * (n - 1) > kLevelFlowLimit) continue;  // all pairs of a hundred nodes
-      std::string key = pack({2, static_cast<int>(ph.part), static_cast<int>(a), static_cast<int>(request.mode)}, group);
+      std::string key = pack({2, static_cast<int>(ph.part), static_cast<int>(a), static_cast<int>(request.link_model)}, group);
       auto t = plan_template(key, [&](double b) { return build_plan(a, ph.part, b, context(group, 0)); });
       if (!t->closed_form) continue;
       double time = t->a + t->b * sizes[ph.level] + fixed_latency(a);
@@ -194,23 +194,23 @@ std::shared_ptr<const CollectiveModel::Template> CollectiveModel::Internals::pla
   PlanOutcome one = build(kReferenceBytes);
   if (!one.not_applicable.empty()) {
     t->not_applicable = one.not_applicable;
-  } else if (auto t1 = closed_form_time(one.plan, *model.topology_, request.mode, astra)) {
+  } else if (auto t1 = closed_form_time(one.plan, *model.topology_, request.link_model, astra)) {
     // Symmetric steps: each lasts latency + bytes / rate, so the sum is
     // linear in size; two sizes fix it.
     PlanOutcome two = build(2 * kReferenceBytes);
-    if (auto t2 = closed_form_time(two.plan, *model.topology_, request.mode, astra)) {
+    if (auto t2 = closed_form_time(two.plan, *model.topology_, request.link_model, astra)) {
       t->closed_form = true;
       t->b = (*t2 - *t1) / kReferenceBytes;
       t->a = *t1 - t->b * kReferenceBytes;
     }
   }
   bool too_large = t->not_applicable.empty() && !t->closed_form && unrolled_flow_count(one.plan) > kSimulationLimit;
-  if (too_large && request.mode != LinkMode::kAstra) {
+  if (too_large && request.link_model != LinkModel::kAstra) {
     // Estimated step by step at any size: the lines, if a second size
     // confirms that every flow scales with size.
-    std::vector<StepLines> steps = step_synchronous_lines(one.plan, *model.topology_, request.mode, kReferenceBytes);
+    std::vector<StepLines> steps = step_synchronous_lines(one.plan, *model.topology_, request.link_model, kReferenceBytes);
     PlanOutcome two = build(2 * kReferenceBytes);
-    Seconds planned = step_synchronous_time(two.plan, *model.topology_, request.mode, astra);
+    Seconds planned = step_synchronous_time(two.plan, *model.topology_, request.link_model, astra);
     Seconds fitted = step_synchronous_time(steps, 2 * kReferenceBytes);
     if (two.not_applicable.empty() && std::abs(fitted - planned) <= 1e-9 * planned) {
       t->stepwise = true;
@@ -232,17 +232,17 @@ std::shared_ptr<const CollectiveModel::Template> CollectiveModel::Internals::pla
 Timed CollectiveModel::Internals::time_plan(const Plan& plan, bool forced) const {
   Timed t;
   if (!request.force_simulation) {
-    if (auto cf = closed_form_time(plan, *model.topology_, request.mode, astra)) return {*cf, true, 0};
+    if (auto cf = closed_form_time(plan, *model.topology_, request.link_model, astra)) return {*cf, true, 0};
   }
   size_t transfers = unrolled_flow_count(plan);
   if (transfers > kSimulationLimit) {
     // Too many transfers to simulate one by one (a ring over a thousand
     // ranks across nodes): step-synchronous estimate, paced by the slowest flow.
-    t.time = step_synchronous_time(plan, *model.topology_, request.mode, astra);
+    t.time = step_synchronous_time(plan, *model.topology_, request.link_model, astra);
     return t;
   }
   if (!forced && transfers > kAutoSimulationLimit) return infinite();
-  t.time = simulate_plan(plan, *model.topology_, request.mode, astra, 1, &t.transfers);
+  t.time = simulate_plan(plan, *model.topology_, request.link_model, astra, 1, &t.transfers);
   return t;
 }
 
@@ -254,20 +254,20 @@ std::vector<Algorithm> CollectiveModel::Internals::choices_for(Algorithm a, std:
     return {};
   }
   const auto& s = model.settings_;
-  return level_choices(*l, request.mode == LinkMode::kAstra ? request.bytes / s.astra.preferred_dataset_splits
+  return level_choices(*l, request.link_model == LinkModel::kAstra ? request.bytes / s.astra.preferred_dataset_splits
                                                               : request.bytes);
 }
 
 std::shared_ptr<const CollectiveModel::Template> CollectiveModel::Internals::template_for(
     Algorithm a, const std::vector<Algorithm>& choices) const {
-  std::string key = pack({1, static_cast<int>(request.op), static_cast<int>(a), static_cast<int>(request.mode), request.root},
+  std::string key = pack({1, static_cast<int>(request.op), static_cast<int>(a), static_cast<int>(request.link_model), request.root},
                          request.devices);
   append_ints(key, choices);
   return plan_template(key, [&](double bytes) { return plan(a, bytes, choices); });
 }
 
 Seconds CollectiveModel::Internals::estimate(Algorithm a) const {
-  if (request.mode == LinkMode::kAstra || !templated()) return 0;
+  if (request.link_model == LinkModel::kAstra || !templated()) return 0;
   std::string why;
   std::vector<Algorithm> choices = choices_for(a, &why);
   if (!why.empty()) return std::numeric_limits<double>::infinity();
@@ -283,7 +283,7 @@ Timed CollectiveModel::Internals::time_algorithm(Algorithm a, bool forced, std::
   const auto& s = model.settings_;
   std::vector<Algorithm> choices = choices_for(a, why);
   if (!why->empty()) return infinite();
-  if (request.mode == LinkMode::kAstra) {
+  if (request.link_model == LinkModel::kAstra) {
     // ASTRA-sim cuts the collective into dataset splits and runs
     // `active_chunks_per_dimension` of them at a time; each chunk ends with
     // one more endpoint delay.
@@ -298,7 +298,7 @@ Timed CollectiveModel::Internals::time_algorithm(Algorithm a, bool forced, std::
     if (active == 1) {
       chunk = time_plan(o.plan, forced);
     } else {
-      chunk.time = simulate_plan(o.plan, *model.topology_, request.mode, astra, active, &chunk.transfers);
+      chunk.time = simulate_plan(o.plan, *model.topology_, request.link_model, astra, active, &chunk.transfers);
     }
     int waves = (splits + active - 1) / active;
     return {waves * (chunk.time + s.astra.endpoint_delay), chunk.closed_form, chunk.transfers * waves};

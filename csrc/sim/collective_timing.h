@@ -61,7 +61,7 @@ struct CollectiveModel::Internals {
   Timed time_algorithm(Algorithm a, bool forced, std::string* why, Seconds beat) const;
   // What `a`'s plan template tells without planning at this size: its time
   // when the template has a closed form, else a lower bound; 0 when there is
-  // no template (ASTRA mode, forced simulation, uneven all_to_all), +inf
+  // no template (the astra link model, forced simulation, uneven all_to_all), +inf
   // when `a` does not apply. `auto` prices the candidates in this order, so
   // the closed forms set the bar before anything is simulated.
   Seconds estimate(Algorithm a) const;

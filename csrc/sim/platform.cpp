@@ -11,14 +11,12 @@ BytesPerSecond PcieSpec::lane_bandwidth(const std::string& generation) const {
   throw std::invalid_argument("unknown PCIe generation '" + generation + "'");
 }
 
-const char* fabric_topology_name(FabricTopology t) {
-  switch (t) {
-    case FabricTopology::kFullyConnected: return "fully_connected";
-    case FabricTopology::kHybridCubeMesh: return "hybrid_cube_mesh";
-    case FabricTopology::kRing: return "ring";
-    case FabricTopology::kSwitch: return "switch";
-  }
-  return "?";
+const char* fabric_topology_name(FabricTopology t) { return name_of(kFabricTopologies, t); }
+
+FabricTopology parse_fabric_topology(const std::string& name) {
+  return parse_name(kFabricTopologies, name, "fabric topology");
 }
+
+std::vector<std::string> fabric_topology_names() { return names_of(kFabricTopologies); }
 
 }  // namespace zion::sim

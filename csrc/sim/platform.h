@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "names.h"
 #include "units.h"
 
 namespace zion::sim {
@@ -67,8 +68,17 @@ struct PcieSpec {
   BytesPerSecond lane_bandwidth(const std::string& generation) const;
 };
 
+// fabric.topology of a platform file.
 enum class FabricTopology { kFullyConnected, kHybridCubeMesh, kRing, kSwitch };
+inline constexpr std::array<Named<FabricTopology>, 4> kFabricTopologies{{
+    {FabricTopology::kFullyConnected, "fully_connected"},
+    {FabricTopology::kHybridCubeMesh, "hybrid_cube_mesh"},
+    {FabricTopology::kRing, "ring"},
+    {FabricTopology::kSwitch, "switch"},
+}};
 const char* fabric_topology_name(FabricTopology t);
+FabricTopology parse_fabric_topology(const std::string& name);  // throws std::invalid_argument naming the allowed
+std::vector<std::string> fabric_topology_names();
 
 struct FabricSpec {
   FabricTopology topology = FabricTopology::kFullyConnected;

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "collective.h"
 #include "json_fields.h"
 
 namespace zion::sim {
@@ -18,18 +19,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kTopologies = {"fully_connected", "hybrid_cube_mesh", "ring", "switch"};
-const std::vector<std::string> kAlgorithms = {"auto",   "ring",       "direct",   "halving_doubling",
-                                              "double_binary_tree", "hierarchical", "in_switch"};
-
 std::mutex g_dirs_mutex;
 std::vector<std::string> g_default_dirs;  // empty: not set by the caller
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
 
 json read_json_file(const fs::path& path) {
   std::ifstream in(path);
@@ -59,7 +50,7 @@ fs::path resolve(const std::string& name_or_path, const std::vector<std::string>
     fs::path p = fs::path(dir) / (name_or_path + ".json");
     if (fs::exists(p)) return p;
   }
-  throw ConfigError("unknown platform '" + name_or_path + "'; presets: " + join(preset_names(dirs)) +
+  throw ConfigError("unknown platform '" + name_or_path + "'; presets: " + join_names(preset_names(dirs)) +
                     " (or give the path of a .json file)");
 }
 
@@ -123,7 +114,7 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
         std::vector<std::string> keys;
         for (auto it = node->begin(); it != node->end(); ++it) keys.push_back(it.key());
         throw ConfigError("platform " + origin + ": override of unknown field '" + path + "'" +
-                          (walked.empty() ? "" : " (at '" + walked + "')") + "; allowed: " + join(keys));
+                          (walked.empty() ? "" : " (at '" + walked + "')") + "; allowed: " + join_names(keys));
       }
       node = &(*node)[part];
     } else if (node->is_array()) {
@@ -269,11 +260,7 @@ void read_pcie(JsonFields& root, Platform& p) {
 
 void read_fabric(JsonFields& root, Platform& p) {
   JsonFields f = root.object("fabric");
-  std::string topo = f.choice("topology", kTopologies);
-  p.fabric.topology = topo == "fully_connected"    ? FabricTopology::kFullyConnected
-                      : topo == "hybrid_cube_mesh" ? FabricTopology::kHybridCubeMesh
-                      : topo == "ring"             ? FabricTopology::kRing
-                                                   : FabricTopology::kSwitch;
+  p.fabric.topology = parse_fabric_topology(f.choice("topology", fabric_topology_names()));
   if (p.fabric.topology == FabricTopology::kHybridCubeMesh && p.oam.count != 8) {
     f.fail("topology", "is hybrid_cube_mesh, which needs oam.count = 8 (got " + std::to_string(p.oam.count) + ")");
   }
@@ -291,11 +278,12 @@ void read_fabric(JsonFields& root, Platform& p) {
 
 void read_collectives(JsonFields& root, Platform& p) {
   JsonFields c = root.object("collectives");
-  p.collectives.algorithm = c.choice("algorithm", kAlgorithms);
-  std::vector<std::string> concrete(kAlgorithms.begin() + 1, kAlgorithms.end());
+  p.collectives.algorithm = c.choice("algorithm", algorithm_names());
+  std::vector<std::string> concrete;
+  for (Algorithm a : concrete_algorithms()) concrete.emplace_back(algorithm_name(a));
   for (const auto& a : c.array("algorithms")) {
     if (!a.is_string() || std::find(concrete.begin(), concrete.end(), a.get<std::string>()) == concrete.end()) {
-      c.fail("algorithms", "lists " + a.dump() + "; allowed: " + join(concrete));
+      c.fail("algorithms", "lists " + a.dump() + "; allowed: " + join_names(concrete));
     }
     p.collectives.algorithms.push_back(a.get<std::string>());
   }

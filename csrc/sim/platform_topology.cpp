@@ -133,6 +133,12 @@ int device_vertex(const Topology& topology, const Platform& platform, int device
   return v;
 }
 
+const char* dimension_kind_name(DimensionKind kind) { return name_of(kDimensionKinds, kind); }
+
+DimensionKind parse_dimension_kind(const std::string& name) { return parse_name(kDimensionKinds, name, "topology block"); }
+
+std::vector<std::string> dimension_kind_names() { return names_of(kDimensionKinds); }
+
 Topology build_dimension_topology(const std::vector<DimensionBlock>& dims) {
   Topology t;
   int total = 1;
@@ -144,28 +150,26 @@ Topology build_dimension_topology(const std::vector<DimensionBlock>& dims) {
   int stride = 1;
   for (size_t k = 0; k < dims.size(); ++k) {
     const DimensionBlock& d = dims[k];
-    int cls = t.add_link_class("dim" + std::to_string(k) + "_" + d.kind, d.bandwidth, d.latency);
+    int cls = t.add_link_class("dim" + std::to_string(k) + "_" + dimension_kind_name(d.kind), d.bandwidth, d.latency);
     // Every group of NPUs that differ only in coordinate k.
     for (int base = 0; base < total; ++base) {
       if ((base / stride) % d.npus != 0) continue;
       auto npu = [&](int c) { return base + c * stride; };
-      if (d.kind == "Ring") {
+      if (d.kind == DimensionKind::kRing) {
         for (int c = 0; c < d.npus; ++c) {
           int next = (c + 1) % d.npus;
           if (d.npus == 2 && c == 1) break;
           t.add_duplex(npu(c), npu(next), cls);
         }
-      } else if (d.kind == "FullyConnected") {
+      } else if (d.kind == DimensionKind::kFullyConnected) {
         for (int a = 0; a < d.npus; ++a) {
           for (int b = a + 1; b < d.npus; ++b) t.add_duplex(npu(a), npu(b), cls);
         }
-      } else if (d.kind == "Switch") {
+      } else {  // kSwitch
         int sw = t.add_vertex(VertexKind::kDimensionSwitch, 0, base, "dim" + std::to_string(k) + "_switch" + std::to_string(base));
         // ASTRA-sim's analytical switch: one link each way per NPU; the
         // latency is charged per link, so a switch hop costs it twice.
         for (int c = 0; c < d.npus; ++c) t.add_duplex(npu(c), sw, cls);
-      } else {
-        throw std::invalid_argument("unknown topology block '" + d.kind + "'; allowed: Ring, FullyConnected, Switch");
       }
     }
     stride *= d.npus;

@@ -2,9 +2,11 @@
 // Builds the topology graph of a Platform, and composes ASTRA-sim style
 // topologies from named blocks (Ring, FullyConnected, Switch per dimension).
 
+#include <array>
 #include <string>
 #include <vector>
 
+#include "names.h"
 #include "platform.h"
 #include "topology.h"
 
@@ -22,10 +24,21 @@ Topology build_topology(const Platform& platform);
 // The vertex of global device `device` (node-major, OAM-minor).
 int device_vertex(const Topology& topology, const Platform& platform, int device);
 
-// One dimension of an ASTRA-sim network: `npus` NPUs joined as a "Ring",
-// "FullyConnected" or "Switch", every link `bandwidth` bytes/s and `latency`.
+// The blocks of an ASTRA-sim network's `topology` list, by ASTRA-sim's names.
+enum class DimensionKind { kRing, kFullyConnected, kSwitch };
+inline constexpr std::array<Named<DimensionKind>, 3> kDimensionKinds{{
+    {DimensionKind::kRing, "Ring"},
+    {DimensionKind::kFullyConnected, "FullyConnected"},
+    {DimensionKind::kSwitch, "Switch"},
+}};
+const char* dimension_kind_name(DimensionKind kind);
+DimensionKind parse_dimension_kind(const std::string& name);  // throws std::invalid_argument naming the allowed
+std::vector<std::string> dimension_kind_names();
+
+// One dimension of an ASTRA-sim network: `npus` NPUs joined as a ring, fully
+// connected or through a switch, every link `bandwidth` bytes/s and `latency`.
 struct DimensionBlock {
-  std::string kind;
+  DimensionKind kind;
   int npus;
   BytesPerSecond bandwidth;
   Seconds latency;

@@ -35,11 +35,13 @@ from typing import Any, Callable
 from zion_emu import sim
 from zion_emu._format import format_bytes
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
-from zion_emu.cli.collectives import MODES
+from zion_emu.cli.collectives import add_link_model_argument
 from zion_emu.cli.nccl_table import Row, table
 from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
+# Every collective of the model that is one torch.distributed call on a group;
+# send_recv is a pair of point-to-point calls, not benchmarked here.
+OPS = tuple(op for op in sim.collective_op_names() if op != "send_recv")
 # The ops whose per-rank share is size / nproc: sizes round to nproc elements.
 _SPLIT = {"all_gather", "reduce_scatter", "all_to_all"}
 DTYPE = "float"
@@ -68,8 +70,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="untimed calls before them (default 5)")
     p.add_argument("--algo", choices=sim.algorithm_names(), default=None,
                    help="collective algorithm (default $ZION_COLLECTIVE_ALGO or auto)")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="link model: fair, unaware or astra (default $ZION_COLLECTIVE_MODE or fair)")
+    add_link_model_argument(p, "$ZION_LINK_MODEL or fair")
     p.add_argument("--root", type=int, default=0, metavar="RANK", help="root rank of broadcast and reduce")
     p.add_argument("--vs-gloo", action="store_true",
                    help="also run each size through a plain gloo group on CPU tensors, side by side: the gloo "
@@ -181,7 +182,7 @@ class BenchConfig:
     platform: str | None
     assignments: list[str]
     algorithm: str | None
-    mode: str | None
+    link_model: str | None
     port: int
     vs_gloo: bool = False
 
@@ -262,7 +263,7 @@ def worker(rank: int, config: BenchConfig, results: Any) -> None:
     zion_emu.set_platform(platform)
     dist.init_process_group("zion", init_method=f"tcp://127.0.0.1:{config.port}", rank=rank,
                             world_size=config.nproc, timeout=timedelta(seconds=GROUP_TIMEOUT_S),
-                            pg_options=zd.Options(algorithm=config.algorithm, mode=config.mode))
+                            pg_options=zd.Options(algorithm=config.algorithm, link_model=config.link_model))
     try:
         if rank == 0:
             results.put(("model", zd.group_model()))
@@ -349,15 +350,15 @@ def run(args: argparse.Namespace) -> int:
     swept = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
     sizes = {op: bench_sizes(op, max(nproc, 1), swept) for op in ops}
     _check(args, ops, nproc, platform, sizes)
-    zd.Options(algorithm=args.algo, mode=args.mode)  # the environment's values are checked by the ranks
+    zd.Options(algorithm=args.algo, link_model=args.link_model)  # the environment's values are checked by the ranks
     config = BenchConfig(sizes, nproc, args.iters, args.warmup, args.root, args.platform, list(args.assignments),
-                         args.algo, args.mode, _free_port(), args.vs_gloo)
+                         args.algo, args.link_model, _free_port(), args.vs_gloo)
     model: dict[str, str] = {}
     rows: dict[str, list[BenchRow]] = {op: [] for op in ops}
 
     def header(op: str) -> list[str]:
         return [f"zion-emu bench-collectives: {op} over {nproc} ranks (processes) through the zion backend, "
-                f"mode {model.get('mode')}, algorithm {model.get('algorithm')}",
+                f"link model {model.get('link_model')}, algorithm {model.get('algorithm')}",
                 f"platform: {platform.name} ({platform.nodes} node(s) x {platform.devices_per_node} OAMs, "
                 f"fabric {platform.get('fabric.topology')})",
                 f"minBytes {args.min_bytes} maxBytes {args.max_bytes} step: {args.step_factor}(factor) type: {DTYPE}; "
@@ -374,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         first = not rows[op]
         if first and op != ops[0]:
             footer(ops[ops.index(op) - 1])
-        row = BenchRow(op, nproc, model.get("mode", ""), r["bytes"], DTYPE, args.root, r["time_s"],
+        row = BenchRow(op, nproc, model.get("link_model", ""), r["bytes"], DTYPE, args.root, r["time_s"],
                        r["bytes"] / r["time_s"], r["bytes"] / r["time_s"] * sim.bus_bandwidth_factor(op, nproc),
                        r["algorithm"], r["host_s"], r["iters"], r["gloo_s"])
         rows[op].append(row)

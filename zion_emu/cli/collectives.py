@@ -15,9 +15,14 @@ from zion_emu.cli.plot import check_writable, plot_busbw
 from zion_emu.cli.nccl_table import RunCollective, sweep, table
 from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
 
-# The collectives and link-model modes csrc/sim accepts (it names them in its own errors too).
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send_recv")
-MODES = ("fair", "unaware", "astra")
+def add_link_model_argument(p: argparse.ArgumentParser, default_help: str) -> None:
+    """--link-model, one of the model's link models, and --mode, its old
+    name, still accepted but left out of --help."""
+    choices = sim.link_model_names()
+    p.add_argument("--link-model", choices=choices, default=None, metavar="MODEL",
+                   help=f"how transfers share the links: {', '.join(choices)} (the README describes each); "
+                        f"default {default_help}")
+    p.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
         description="Time one collective over message sizes from --min-bytes to --max-bytes on the modeled "
                     "machine and print an nccl-tests-like table (GB/s = 1e9 bytes/s).")
     add_platform_arguments(p)
-    p.add_argument("--op", choices=OPS, default="all_reduce")
+    p.add_argument("--op", choices=sim.collective_op_names(), default="all_reduce")
     p.add_argument("--ranks", type=int, default=None, metavar="N",
                    help="participating devices 0..ranks-1 (default: one node's OAMs; the NPU count with ASTRA input)")
     p.add_argument("--min-bytes", type=parse_size, default="8", metavar="SIZE",
@@ -35,9 +40,7 @@ def add_parser(subparsers: Any) -> None:
                    help="largest size (default 8G = 8 x 2^30)")
     p.add_argument("--step-factor", type=int, default=2, metavar="F", help="size multiplier between rows (default 2)")
     p.add_argument("--algo", choices=sim.algorithm_names(), default="auto")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="link model: fair (max-min fair share), unaware (closed form), astra (ASTRA-sim compatible); "
-                        "default fair, or astra with ASTRA-sim input")
+    add_link_model_argument(p, "fair, or astra with ASTRA-sim input")
     p.add_argument("--dtype", choices=list(ELEMENT_BYTES), default="float", help="element type for the count column")
     p.add_argument("--root", type=int, default=0, metavar="RANK", help="root rank of broadcast and reduce")
     p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
@@ -58,7 +61,7 @@ class _Machine:
     run: RunCollective
 
 
-def _machine(args: argparse.Namespace, mode: str) -> _Machine:
+def _machine(args: argparse.Namespace, link_model: str) -> _Machine:
     if args.astra_network:
         m = astra.load(args.astra_network, args.astra_system)
         if args.ranks is not None and args.ranks != m.npus:
@@ -69,7 +72,7 @@ def _machine(args: argparse.Namespace, mode: str) -> _Machine:
         dims = " x ".join(f"{t}({n})" for t, n in zip(net.topology, net.npus_count))
         title = f"machine: ASTRA-sim {args.astra_network}" + (f" + {args.astra_system}" if args.astra_system else "")
         return _Machine(os.path.basename(args.astra_network), f"{title}: {dims}, {m.npus} NPUs", m.npus,
-                        lambda op, n: m.model(op).run(op, float(n), devices, args.algo, mode, args.root))
+                        lambda op, n: m.model(op).run(op, float(n), devices, args.algo, link_model, args.root))
     p = platform_from(args)
     ranks = p.devices_per_node if args.ranks is None else args.ranks
     if ranks < 1:
@@ -79,30 +82,32 @@ def _machine(args: argparse.Namespace, mode: str) -> _Machine:
                        f"({p.nodes} node(s) x {p.devices_per_node} OAMs)")
     return _Machine(p.name, f"platform: {p.name} ({p.nodes} node(s) x {p.devices_per_node} OAMs, "
                     f"fabric {p.get('fabric.topology')})", ranks,
-                    lambda op, n: sim.collective(p, op, n, ranks, args.algo, mode, args.root))
+                    lambda op, n: sim.collective(p, op, n, ranks, args.algo, link_model, args.root))
 
 
-def _header(args: argparse.Namespace, machine: _Machine, mode: str) -> list[str]:
-    return [f"zion-emu collectives: {args.op} over {machine.ranks} ranks, mode {mode}, algorithm {args.algo}",
+def _header(args: argparse.Namespace, machine: _Machine, link_model: str) -> list[str]:
+    return [f"zion-emu collectives: {args.op} over {machine.ranks} ranks, link model {link_model}, algorithm {args.algo}",
             machine.title,
             f"minBytes {args.min_bytes} maxBytes {args.max_bytes} step: {args.step_factor}(factor) type: {args.dtype}"]
 
 
-def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> int:
+def _compare(args: argparse.Namespace, sizes: list[int], link_model: str) -> int:
     if args.astra_network:
         raise CliError("--compare-topologies sets the platform's fabric.topology; it cannot use --astra-network")
     if any(a.split("=", 1)[0].strip() == "fabric.topology" for a in args.assignments):
         raise CliError("--compare-topologies sets fabric.topology itself; drop --set fabric.topology=...")
-    machine = _machine(args, mode)  # validates --platform, --set and --ranks
-    comparison = compare_topologies(args.platform, args.assignments, machine.ranks, sizes, args.algo, mode, args.dtype)
+    machine = _machine(args, link_model)  # validates --platform, --set and --ranks
+    comparison = compare_topologies(args.platform, args.assignments, machine.ranks, sizes, args.algo, link_model,
+                                    args.dtype)
     plot_busbw(args.compare_topologies,
-               f"{machine.name}: fabric as ring vs fully connected, {machine.ranks} ranks, mode {mode}",
+               f"{machine.name}: fabric as ring vs fully connected, {machine.ranks} ranks, link model {link_model}",
                [(op, {topo: [(r.nbytes, r.busbw_gbps) for r in rows] for topo, rows in by_topo.items()})
                 for op, by_topo in comparison.items()])
     if args.json:
         print(json.dumps(comparison_json(comparison), indent=2))
         return 0
-    print(f"# zion-emu collectives --compare-topologies: {machine.ranks} ranks, mode {mode}, algorithm {args.algo}")
+    print(f"# zion-emu collectives --compare-topologies: {machine.ranks} ranks, link model {link_model}, "
+          f"algorithm {args.algo}")
     print(f"# {machine.title}; fabric.topology set to ring and to fully_connected")
     print("\n".join(ratio_table(comparison)))
     print(f"# plot: {args.compare_topologies}")
@@ -112,21 +117,21 @@ def _compare(args: argparse.Namespace, sizes: list[int], mode: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.astra_system and not args.astra_network:
         raise CliError("--astra-system needs --astra-network")
-    mode = args.mode or ("astra" if args.astra_network else "fair")
+    link_model = args.link_model or ("astra" if args.astra_network else "fair")
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
     for path in filter(None, (args.plot, args.compare_topologies)):
         check_writable(path)
     if args.compare_topologies:
-        return _compare(args, sizes, mode)
-    machine = _machine(args, mode)
-    rows = sweep(machine.run, args.op, machine.ranks, mode, sizes, args.dtype, args.root)
+        return _compare(args, sizes, link_model)
+    machine = _machine(args, link_model)
+    rows = sweep(machine.run, args.op, machine.ranks, link_model, sizes, args.dtype, args.root)
     if args.plot:
-        plot_busbw(args.plot, f"{args.op}, {machine.ranks} ranks, mode {mode}",
+        plot_busbw(args.plot, f"{args.op}, {machine.ranks} ranks, link model {link_model}",
                    [(machine.title, {f"algorithm {args.algo}": [(r.nbytes, r.busbw_gbps) for r in rows]})])
     if args.json:
         print(json.dumps([r.to_json() for r in rows], indent=2))
         return 0
-    print(table(rows, _header(args, machine, mode)))
+    print(table(rows, _header(args, machine, link_model)))
     if args.plot:
         print(f"# plot: {args.plot}")
     return 0

@@ -32,7 +32,7 @@ TABLE = Table(
 class Row:
     op: str
     ranks: int
-    mode: str
+    link_model: str
     nbytes: int
     dtype: str
     root: int
@@ -59,7 +59,7 @@ class Row:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "op": self.op, "ranks": self.ranks, "mode": self.mode,
+            "op": self.op, "ranks": self.ranks, "link_model": self.link_model,
             "bytes": self.nbytes, "count": self.count, "type": self.dtype, "redop": self.redop,
             "root": self.shown_root,
             "time_us": round(self.time_s * 1e6, 6), "time_ns": round(self.time_s * 1e9, 3),
@@ -72,11 +72,11 @@ class Row:
                          self.algbw_bytes_per_s / 1e9, self.busbw_gbps, self.algorithm)
 
 
-def sweep(run: RunCollective, op: str, ranks: int, mode: str, sizes: list[int], dtype: str, root: int) -> list[Row]:
+def sweep(run: RunCollective, op: str, ranks: int, link_model: str, sizes: list[int], dtype: str, root: int) -> list[Row]:
     rows = []
     for nbytes in sizes:
         r = run(op, nbytes)
-        rows.append(Row(op, ranks, mode, nbytes, dtype, root, r.time, r.algbw, r.busbw, r.algorithm))
+        rows.append(Row(op, ranks, link_model, nbytes, dtype, root, r.time, r.algbw, r.busbw, r.algorithm))
     return rows
 
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for op in OPS:
         rows = sweep(lambda o, n: sim.collective(platform, o, n, ranks), op, ranks, "fair", SIZES, "float", 0)
         print()
-        print(table(rows, [f"{op} over {ranks} ranks on {platform.name}, mode fair (max-min fair link sharing)"]))
+        print(table(rows, [f"{op} over {ranks} ranks on {platform.name}, link model fair (max-min fair link sharing)"]))
     comparison = compare_topologies(args.platform, args.assignments, ranks, SIZES[-1:], "auto", "fair", "float")
     print()
     for op, rows in comparison.items():

@@ -1,4 +1,4 @@
-#include "flow_model.h"
+#include "link_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -240,21 +240,11 @@ SimulationResult run_astra(const Topology& t, const std::vector<Transfer>& trans
 
 }  // namespace
 
-const char* link_mode_name(LinkMode m) {
-  switch (m) {
-    case LinkMode::kFair: return "fair";
-    case LinkMode::kUnaware: return "unaware";
-    case LinkMode::kAstra: return "astra";
-  }
-  return "?";
-}
+const char* link_model_name(LinkModel m) { return name_of(kLinkModels, m); }
 
-LinkMode parse_link_mode(const std::string& name) {
-  if (name == "fair") return LinkMode::kFair;
-  if (name == "unaware") return LinkMode::kUnaware;
-  if (name == "astra") return LinkMode::kAstra;
-  throw std::invalid_argument("unknown link model mode '" + name + "'; allowed: fair, unaware, astra");
-}
+LinkModel parse_link_model(const std::string& name) { return parse_name(kLinkModels, name, "link model"); }
+
+std::vector<std::string> link_model_names() { return names_of(kLinkModels); }
 
 Seconds astra_link_time(const Link& link, double bytes) {
   double bytes_per_ns = link.bandwidth / kNsPerSecond;
@@ -267,7 +257,7 @@ Seconds astra_reduction_time(const AstraParams& astra, double bytes) {
   return 3 * from_ns(std::floor(bytes / (astra.local_memory_bandwidth / kNsPerSecond) + 1e-9));
 }
 
-SimulationResult simulate(const Topology& topology, const std::vector<Transfer>& transfers, LinkMode mode,
+SimulationResult simulate(const Topology& topology, const std::vector<Transfer>& transfers, LinkModel link_model,
                           const AstraParams& astra) {
   for (size_t i = 0; i < transfers.size(); ++i) {
     if (!(transfers[i].bytes >= 0) || !std::isfinite(transfers[i].bytes)) {
@@ -275,8 +265,8 @@ SimulationResult simulate(const Topology& topology, const std::vector<Transfer>&
                                   " bytes; a byte count must be finite and >= 0");
     }
   }
-  if (mode == LinkMode::kAstra) return run_astra(topology, transfers, astra);
-  return FairShare(topology, transfers, mode == LinkMode::kFair).run();
+  if (link_model == LinkModel::kAstra) return run_astra(topology, transfers, astra);
+  return FairShare(topology, transfers, link_model == LinkModel::kFair).run();
 }
 
 }  // namespace zion::sim

@@ -1,10 +1,10 @@
-#include "device/tensor_alias.h"
+#include "device/aten/tensor_alias.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
-#include "device/allocator.h"
-#include "device/sparse.h"
+#include "device/runtime/allocator.h"
+#include "device/aten/sparse.h"
 
 namespace zion::device {
 namespace {

@@ -5,17 +5,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
-#include <c10/core/ScalarType.h>
-
 #include <string>
 #include <vector>
 
-#include "sim/dtype.h"
 
 namespace zion::device {
-
-// The cost model's dtype of a tensor's scalar type (integers price as int8).
-sim::DType model_dtype(c10::ScalarType t);
 
 // `inputs` and `outputs` are the op's tensors (zion or their CPU aliases);
 // `int_args` the non-tensor arguments its formula reads (op_formulas.cpp

@@ -6,6 +6,7 @@
 // made (ZION_PLATFORM names a preset otherwise; "zion" by default).
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/dtype.h"
 #include "sim/op_cost.h"
 #include "sim/platform.h"
 #include "sim/timeline.h"
@@ -36,6 +38,10 @@ struct Runtime {
   mutable std::mutex guessed_mutex_;
   std::vector<std::map<std::string, int64_t>> guessed_;
 };
+
+// The cost model's dtype of a tensor's scalar type (integers price as int8);
+// the ATen op pricing and the sockets' CPU op pricing both ask.
+sim::DType model_dtype(c10::ScalarType t);
 
 // The runtime, created on first use.
 Runtime& runtime();

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <array>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 
 namespace zion::device {
 namespace {

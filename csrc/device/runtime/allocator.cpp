@@ -1,4 +1,4 @@
-#include "device/allocator.h"
+#include "device/runtime/allocator.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "device/runtime.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 namespace {

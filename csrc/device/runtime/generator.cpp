@@ -1,9 +1,9 @@
-#include "device/generator.h"
+#include "device/runtime/generator.h"
 
 #include <deque>
 #include <mutex>
 
-#include "device/runtime.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 

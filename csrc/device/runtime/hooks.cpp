@@ -6,10 +6,10 @@
 
 #include <cstring>
 
-#include "device/allocator.h"
-#include "device/generator.h"
-#include "device/host_memory.h"
-#include "device/runtime.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/generator.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 namespace {

@@ -1,25 +1,12 @@
-#include "device/op_pricing.h"
+#include "device/aten/op_pricing.h"
 
 #include <unordered_map>
 
-#include "device/runtime.h"
-#include "device/stream.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
 
 namespace zion::device {
-
-sim::DType model_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::BFloat16: return sim::DType::kBf16;
-    case c10::ScalarType::Half: return sim::DType::kFp16;
-    case c10::ScalarType::Char:
-    case c10::ScalarType::Byte:
-    case c10::ScalarType::Bool: return sim::DType::kInt8;
-    default: return sim::DType::kFp32;
-  }
-}
-
 namespace {
-
 
 // Fills `out` from `tensors`, reusing the vectors' capacity.
 void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDesc>& out) {

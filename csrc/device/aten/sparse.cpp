@@ -28,10 +28,10 @@
 #include <memory>
 #include <unordered_map>
 
-#include "device/op_pricing.h"
-#include "device/runtime.h"
-#include "device/sparse.h"
-#include "device/tensor_alias.h"
+#include "device/aten/op_pricing.h"
+#include "device/runtime/runtime.h"
+#include "device/aten/sparse.h"
+#include "device/aten/tensor_alias.h"
 
 namespace zion::device {
 namespace {

@@ -1,4 +1,4 @@
-#include "device/sockets.h"
+#include "device/runtime/sockets.h"
 
 #include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
@@ -12,10 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device/allocator.h"
-#include "device/host_memory.h"
-#include "device/op_pricing.h"
-#include "device/runtime.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 namespace {

@@ -13,10 +13,10 @@
 #include <tuple>
 #include <vector>
 
-#include "device/allocator.h"
-#include "device/op_pricing.h"
-#include "device/runtime.h"
-#include "device/tensor_alias.h"
+#include "device/runtime/allocator.h"
+#include "device/aten/op_pricing.h"
+#include "device/runtime/runtime.h"
+#include "device/aten/tensor_alias.h"
 
 namespace zion::device {
 namespace {

@@ -1,13 +1,13 @@
-#include "device/copy.h"
+#include "device/aten/copy.h"
 
 #include <algorithm>
 #include <mutex>
 #include <vector>
 
-#include "device/host_memory.h"
-#include "device/runtime.h"
-#include "device/stream.h"
-#include "device/tensor_alias.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/runtime.h"
+#include "device/runtime/stream.h"
+#include "device/aten/tensor_alias.h"
 #include "sim/platform_topology.h"
 
 namespace zion::device {

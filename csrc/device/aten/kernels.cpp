@@ -11,10 +11,10 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
-#include "device/allocator.h"
-#include "device/copy.h"
-#include "device/runtime.h"
-#include "device/tensor_alias.h"
+#include "device/runtime/allocator.h"
+#include "device/aten/copy.h"
+#include "device/runtime/runtime.h"
+#include "device/aten/tensor_alias.h"
 
 namespace zion::device {
 namespace {

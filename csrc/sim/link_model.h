@@ -10,16 +10,24 @@
 //    endpoint delay per message and 3 * reduced bytes / local memory
 //    bandwidth for the receiver's reduction.
 
+#include <array>
 #include <string>
 #include <vector>
 
+#include "names.h"
 #include "topology.h"
 
 namespace zion::sim {
 
-enum class LinkMode { kFair, kUnaware, kAstra };
-const char* link_mode_name(LinkMode m);
-LinkMode parse_link_mode(const std::string& name);  // throws std::invalid_argument
+enum class LinkModel { kFair, kUnaware, kAstra };
+inline constexpr std::array<Named<LinkModel>, 3> kLinkModels{{
+    {LinkModel::kFair, "fair"},
+    {LinkModel::kUnaware, "unaware"},
+    {LinkModel::kAstra, "astra"},
+}};
+const char* link_model_name(LinkModel m);
+LinkModel parse_link_model(const std::string& name);  // throws std::invalid_argument naming the allowed
+std::vector<std::string> link_model_names();
 
 struct AstraParams {
   Seconds endpoint_delay = 0;
@@ -47,7 +55,7 @@ struct SimulationResult {
   int rate_updates = 0;            // fair-share recomputations (work done)
 };
 
-SimulationResult simulate(const Topology& topology, const std::vector<Transfer>& transfers, LinkMode mode,
+SimulationResult simulate(const Topology& topology, const std::vector<Transfer>& transfers, LinkModel link_model,
                           const AstraParams& astra = {});
 
 // ASTRA-sim's time for one message on one link, in whole nanoseconds.

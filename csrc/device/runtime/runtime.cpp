@@ -1,4 +1,4 @@
-#include "device/runtime.h"
+#include "device/runtime/runtime.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "device/allocator.h"
-#include "device/host_memory.h"
-#include "device/sockets.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/host_memory.h"
+#include "device/runtime/sockets.h"
 #include "sim/platform_loader.h"
 #include "sim/platform_topology.h"
 
@@ -28,7 +28,7 @@ std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
   auto rt = std::make_unique<Runtime>();
   rt->platform = platform;
   rt->cost = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::oam(platform));
-  // One track per OAM, then one per CPU socket (device/sockets.h).
+  // One track per OAM, then one per CPU socket (device/runtime/sockets.h).
   rt->timeline.resize(platform.oam.count + platform.socket.count);
   rt->topology = sim::build_topology(platform);
   return rt;
@@ -82,6 +82,17 @@ std::map<std::string, int64_t> Runtime::guessed(c10::DeviceIndex device) const {
 void Runtime::clear_guessed() {
   std::lock_guard<std::mutex> lock(guessed_mutex_);
   guessed_.clear();
+}
+
+sim::DType model_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return sim::DType::kBf16;
+    case c10::ScalarType::Half: return sim::DType::kFp16;
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Bool: return sim::DType::kInt8;
+    default: return sim::DType::kFp32;
+  }
 }
 
 Runtime& runtime() {

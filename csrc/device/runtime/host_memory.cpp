@@ -1,4 +1,4 @@
-#include "device/host_memory.h"
+#include "device/runtime/host_memory.h"
 
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <memory>
 
-#include "device/runtime.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 namespace {

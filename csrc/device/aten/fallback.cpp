@@ -17,11 +17,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device/allocator.h"
-#include "device/generator.h"
-#include "device/op_pricing.h"
-#include "device/runtime.h"
-#include "device/tensor_alias.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/generator.h"
+#include "device/aten/op_pricing.h"
+#include "device/runtime/runtime.h"
+#include "device/aten/tensor_alias.h"
 
 namespace zion::device {
 namespace {
