@@ -230,6 +230,20 @@ def test_a_compiled_pointwise_block_is_one_kernel_reading_x_and_writing_out_once
     torch.testing.assert_close(compiled_out.cpu(), eager_out.cpu(), rtol=1.3e-6, atol=1e-5)
 
 
+def test_with_dynamic_shapes_a_kernel_is_priced_from_the_sizes_it_runs_at():
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = torch.compile(pointwise_block, dynamic=True)
+    for n in (1000, 1500, 4096):  # one graph: its byte count is 8 * s0
+        x = torch.randn(n, device="zion")
+        before = counters()
+        out = compiled(x)
+        after = counters()
+        assert after.compiled_kernels - before.compiled_kernels == 1
+        assert after.bytes - before.bytes == 4 * n * 2 and after.flops - before.flops == 5 * n
+        torch.testing.assert_close(out.cpu(), pointwise_block(x.cpu()), rtol=1.3e-6, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
+
+
 def test_a_graph_inductor_cannot_take_for_zion_runs_with_aot_eager_after_one_warning():
     def returns_a_cpu_tensor(t):
         return t.relu() * 2, torch.arange(4)  # made with no device: a CPU tensor out of a zion graph
@@ -270,7 +284,7 @@ def test_the_report_counts_compiled_kernels_per_device():
         compiled(x)
     run = report.merge([report.snapshot(keep_spans=False)])
 
-    (device,) = run.devices
+    (device,) = [d for d in run.devices if d.device == 0]  # other tests may have used other devices
     c = counters(0)
     assert device.compiled_kernels == c.compiled_kernels == 3 and device.compiled_busy_s == c.compiled_busy_s > 0
     assert report.RunReport.from_json(run.to_json()).devices[0].compiled_kernels == 3
