@@ -51,6 +51,7 @@ BENCHMARKS = [
     Benchmark("bench_collectives", ["{python}", "-m", "zion_emu", "bench-collectives"], needs=["cli:bench-collectives"]),
     Benchmark("dlrm", ["{python}", "bench/dlrm_bench.py"], needs=["bench/dlrm_bench.py"]),
     Benchmark("hbm_budget_sweep", ["{python}", "bench/hbm_budget_sweep.py"], needs=["bench/hbm_budget_sweep.py"]),
+    Benchmark("compile", ["{python}", "bench/compile_bench.py"], needs=["bench/compile_bench.py"]),
 ]
 
 

@@ -1,12 +1,44 @@
-"""torch.compile on zion: backend="aot_eager" traces a graph that then runs op
-by op on zion, with eager's numerics, FLOPs and modeled time. Inductor, which
-would generate kernels that run outside the device, refuses with a message."""
+"""torch.compile on zion. With the default backend (inductor) a zion graph is
+lowered as CPU: the same kernels, so results equal a CPU compile's bit for
+bit; each generated kernel is priced as one fused kernel, extern kernels (mm,
+bmm, embedding_bag) op by op as in eager mode. A graph inductor cannot take
+for zion runs with aot_eager, after a warning. backend="aot_eager" runs the
+graph op by op on zion, with eager's numerics and modeled time.
+
+Inductor's caches live in a directory of this test session, so every run
+compiles as on a fresh machine (the first CPU compile builds the C++ kernels;
+the zion compile of the same graph reuses them: the kernels are CPU's)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
 
 import pytest
 import torch
+from torch import nn
 
-import zion_emu  # noqa: F401  (registers the device)
+import zion_emu
 from zion_emu.timeline import counters
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_inductor_cache(tmp_path_factory: pytest.TempPathFactory):
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor_cache"))
+    yield
+    if old is None:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def small_function(a, b):
@@ -46,7 +78,218 @@ def test_aot_eager_mlp_forward_and_backward_equal_eager():
     assert all(torch.equal(c, p.grad.cpu()) for c, p in zip(compiled_grads, model.parameters()))
 
 
-def test_inductor_refuses_a_zion_graph_by_name():
-    a = torch.randn(4, 4, device="zion")
-    with pytest.raises(RuntimeError, match=r"zion: torch.compile's default backend \(inductor\).*backend='aot_eager'"):
-        torch.compile(lambda t: (t * 2).sum())(a)
+# -- inductor ------------------------------------------------------------------
+
+
+class DLRM(nn.Module):
+    """DLRM's shape (Naumov et al. 2019): embedding bags and a bottom MLP,
+    pairwise dot-product interaction, a top MLP; plus a pointwise tail."""
+
+    def __init__(self, tables: int = 3, rows: int = 1000, dim: int = 16, dense_in: int = 13) -> None:
+        super().__init__()
+        self.emb = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        self.bottom = nn.Sequential(nn.Linear(dense_in, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        n = tables + 1
+        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, dense, indices, offsets):
+        x = self.bottom(dense)
+        z = torch.stack([x] + [e(i, o) for e, i, o in zip(self.emb, indices, offsets)], dim=1)
+        inter = torch.bmm(z, z.transpose(1, 2))
+        li, lj = torch.tril_indices(z.shape[1], z.shape[1], offset=-1)  # a CPU tensor inside a zion graph
+        h = torch.cat([x, inter[:, li, lj]], dim=1)
+        y = h
+        for _ in range(3):
+            y = y * torch.sigmoid(y) + h * 0.5
+        y = y / 3.0 + (h - h.mean(dim=1, keepdim=True)) ** 2
+        return torch.sigmoid(self.top(y)).squeeze(1)
+
+
+def dlrm_batch(batch: int = 32):
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(batch, 13, generator=g)
+    indices = [torch.randint(0, 1000, (batch * 4,), generator=g) for _ in range(3)]
+    offsets = [torch.arange(0, batch * 4, 4) for _ in range(3)]
+    return dense, indices, offsets, torch.rand(batch, generator=g)
+
+
+def train_step(model, dense, indices, offsets, target):
+    out = model(dense, indices, offsets)
+    loss = nn.functional.binary_cross_entropy(out, target)
+    loss.backward()
+    return out, loss
+
+
+def on(device, batch):
+    dense, indices, offsets, target = batch
+    return dense.to(device), [i.to(device) for i in indices], [o.to(device) for o in offsets], target.to(device)
+
+
+@pytest.mark.slow
+def test_dlrm_compiled_on_zion_equals_compiled_on_cpu_forward_and_backward():
+    torch.manual_seed(0)
+    cpu_model = DLRM()
+    zion_model = copy.deepcopy(cpu_model).to("zion")
+    batch = dlrm_batch()
+
+    cpu_out, cpu_loss = train_step(torch.compile(cpu_model), *on("cpu", batch))
+    torch._dynamo.reset()
+    before = counters()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to aot_eager
+        zion_out, zion_loss = train_step(torch.compile(zion_model), *on("zion", batch))
+    after = counters()
+
+    assert zion_out.is_zion and zion_emu.inductor.fallbacks() == []
+    assert torch.equal(zion_out.cpu(), cpu_out) and torch.equal(zion_loss.cpu(), cpu_loss)
+    grads = {name: p.grad for name, p in cpu_model.named_parameters()}
+    assert len(grads) == 11
+    for name, p in zion_model.named_parameters():
+        assert torch.equal(p.grad.cpu(), grads[name]), name
+    assert after.compiled_kernels > before.compiled_kernels  # the fused pointwise kernels
+    assert after.ops - before.ops > after.compiled_kernels - before.compiled_kernels  # and mm, bmm, embedding_bag
+    assert after.guessed_ops == before.guessed_ops
+
+
+def test_a_cpu_compile_after_a_zion_compile_stays_on_the_cpu():
+    torch.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    zion_model = copy.deepcopy(cpu_model).to("zion")
+    x = torch.randn(8, 32)
+
+    zion_out = torch.compile(zion_model)(x.to("zion"))
+    torch._dynamo.reset()
+    before = counters()
+    cpu_out = torch.compile(cpu_model)(x)  # same graph: inductor's caches must not hand it zion's wrapper
+
+    assert cpu_out.device.type == "cpu" and counters().ops == before.ops
+    assert torch.equal(zion_out.cpu(), cpu_out)
+
+
+def test_random_ops_compiled_on_zion_draw_what_a_cpu_compile_draws():
+    def noisy(x):
+        return nn.functional.dropout(x * 2, p=0.5, training=True) + torch.rand_like(x)
+
+    x = torch.randn(1000)
+    torch.manual_seed(3)  # seeds the CPU generator and zion's, which holds a CPU generator's state
+    on_cpu = torch.compile(noisy)(x)
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    on_zion = torch.compile(noisy)(x.to("zion"))
+
+    assert torch.equal(on_zion.cpu(), on_cpu)
+
+
+def pointwise_block(x):
+    y = x * torch.sigmoid(x)
+    z = y * 0.5 + x
+    return z.relu()
+
+
+def modeled(fn, x):
+    """Modeled seconds from an idle device to the end of fn(x), and the
+    counters it added."""
+    torch.zion.synchronize()
+    start, before = zion_emu.clock(), counters()
+    out = fn(x)
+    torch.zion.synchronize()
+    after = counters()
+    return out, zion_emu.clock() - start, after, before
+
+
+def test_a_compiled_pointwise_block_is_one_kernel_reading_x_and_writing_out_once():
+    p = zion_emu.current_platform()
+    stream_bytes_per_s = p.get("oam.hbm_bandwidth_gb_per_s") * 1e9 * p.get("oam.efficiency.elementwise")
+    launch_s = p.get("oam.launch_overhead_ns") * 1e-9
+    n = 1 << 22  # fp32 elements: 16 MiB
+    x = torch.randn(n, device="zion")
+    compiled = torch.compile(pointwise_block)
+    compiled(x)  # compiles
+
+    eager_out, eager_s, e1, e0 = modeled(pointwise_block, x)
+    compiled_out, compiled_s, c1, c0 = modeled(compiled, x)
+
+    # Eager: five kernels, each reading its inputs and writing its output:
+    # sigmoid x->s (2n), mul x,s->y (3n), mul y->t (2n), add t,x->z (3n), relu z->out (2n).
+    eager_bytes = 4 * n * (2 + 3 + 2 + 3 + 2)
+    # Compiled: one fused kernel reading x and writing out.
+    compiled_bytes = 4 * n * 2
+    assert e1.ops - e0.ops == 5 and e1.bytes - e0.bytes == eager_bytes and e1.compiled_kernels == e0.compiled_kernels
+    assert c1.ops - c0.ops == 1 and c1.compiled_kernels - c0.compiled_kernels == 1
+    assert c1.bytes - c0.bytes == compiled_bytes
+    # Memory-bound: its FLOPs (one per op per element) take far less than its bytes.
+    compute_s = (c1.flops - c0.flops) / (p.get("oam.peak_flops.fp32") * p.get("oam.efficiency.elementwise"))
+    assert c1.flops - c0.flops == 5 * n and compute_s < compiled_bytes / stream_bytes_per_s
+    # Each kernel outlasts a launch, so the stream runs them back to back
+    # after the first launch: launch + bytes / (HBM bandwidth x efficiency).
+    assert eager_s == pytest.approx(launch_s + eager_bytes / stream_bytes_per_s, rel=1e-9)
+    assert compiled_s == pytest.approx(launch_s + compiled_bytes / stream_bytes_per_s, rel=1e-9)
+    assert c1.compiled_busy_s - c0.compiled_busy_s == pytest.approx(compiled_bytes / stream_bytes_per_s, rel=1e-9)
+    assert compiled_s < eager_s / 5
+    # CPU's vectorized kernel against ATen's: sigmoid may differ by an ulp.
+    torch.testing.assert_close(compiled_out.cpu(), eager_out.cpu(), rtol=1.3e-6, atol=1e-5)
+
+
+def test_with_dynamic_shapes_a_kernel_is_priced_from_the_sizes_it_runs_at():
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = torch.compile(pointwise_block, dynamic=True)
+    for n in (1000, 1500, 4096):  # one graph: its byte count is 8 * s0
+        x = torch.randn(n, device="zion")
+        before = counters()
+        out = compiled(x)
+        after = counters()
+        assert after.compiled_kernels - before.compiled_kernels == 1
+        assert after.bytes - before.bytes == 4 * n * 2 and after.flops - before.flops == 5 * n
+        torch.testing.assert_close(out.cpu(), pointwise_block(x.cpu()), rtol=1.3e-6, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
+
+
+def test_a_graph_inductor_cannot_take_for_zion_runs_with_aot_eager_after_one_warning():
+    def returns_a_cpu_tensor(t):
+        return t.relu() * 2, torch.arange(4)  # made with no device: a CPU tensor out of a zion graph
+
+    x = torch.randn(16, device="zion")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, positions = torch.compile(returns_a_cpu_tensor)(x)
+    zion_warnings = [w for w in caught if str(w.message).startswith("zion:")]
+
+    assert len(zion_warnings) == 1
+    assert "returns a CPU tensor" in str(zion_warnings[0].message) and "aot_eager" in str(zion_warnings[0].message)
+    assert out.is_zion and torch.equal(out.cpu(), x.cpu().relu() * 2)
+    assert positions.device.type == "cpu" and torch.equal(positions, torch.arange(4))
+
+
+def test_cpp_wrapper_runs_with_aot_eager_after_one_warning():
+    x = torch.randn(16, device="zion", requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda t: (t * torch.sigmoid(t)).sum(), options={"cpp_wrapper": True})(x)
+        out.backward()
+    zion_warnings = [str(w.message) for w in caught if str(w.message).startswith("zion:")]
+
+    assert len(zion_warnings) == 1 and "cpp_wrapper is set" in zion_warnings[0]
+    s = torch.sigmoid(x.detach().cpu())
+    torch.testing.assert_close(x.grad.cpu(), s * (1 + x.detach().cpu() * (1 - s)), rtol=0, atol=1e-6)
+
+
+def test_the_report_counts_compiled_kernels_per_device():
+    from zion_emu import report, report_text
+
+    x = torch.randn(1 << 16, device="zion")
+    compiled = torch.compile(pointwise_block)
+    compiled(x)
+    zion_emu.reset_clock()
+    for _ in range(3):
+        compiled(x)
+    run = report.merge([report.snapshot(keep_spans=False)])
+
+    (device,) = [d for d in run.devices if d.device == 0]  # other tests may have used other devices
+    c = counters(0)
+    assert device.compiled_kernels == c.compiled_kernels == 3 and device.compiled_busy_s == c.compiled_busy_s > 0
+    assert report.RunReport.from_json(run.to_json()).devices[0].compiled_kernels == 3
+    text = report_text.format_text(run)
+    assert "torch.compile kernels" in text
+    (row,) = [line for line in text.splitlines() if line.strip().startswith("zion:0") and " 3 " in line
+              and "100.0 %" in line]
+    assert row

@@ -27,6 +27,9 @@ def register() -> None:
     torch._register_device_module("zion", zion_device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from zion_emu import distributed  # noqa: F401  (registers the "zion" torch.distributed backend)
+    from zion_emu import inductor
+
+    inductor.install_on_import()  # torch.compile's inductor lowers zion graphs as CPU, priced on zion
 
     # Before finalization: autograd's zion worker threads must not be holding
     # a finished backward pass (and its Python objects) when the interpreter

@@ -287,37 +287,9 @@ def _is_in_bad_fork() -> bool:
     return bool(_native.in_bad_fork())
 
 
-# torch.compile: inductor looks up a code generator for a custom device as
-# torch.zion.Scheduling and torch.zion.*WrapperCodegen. Kernels it generated
-# would run outside the zion device (unpriced, uncounted), so compiling a zion
-# graph with it stops with a message instead of inductor's KeyError: 'zion'.
-_INDUCTOR_REFUSAL = (
-    "zion: torch.compile's default backend (inductor) would generate its own kernels, which run outside the zion "
-    "device: unpriced and uncounted. Compile with backend='aot_eager' (or 'eager'): the graph then runs op by op "
-    "on zion, with the same numerics and modeled time as eager mode."
-)
-_INDUCTOR_HOOKS = ("Scheduling", "PythonWrapperCodegen", "CppWrapperCodegen", "WrapperFxCodegen")
-
-
-class _InductorRefusal:
-    supports_caching = False  # read before codegen starts; nothing to cache
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(_INDUCTOR_REFUSAL)
-
-    @classmethod
-    def create(cls, *args: object, **kwargs: object) -> None:
-        raise NotImplementedError(_INDUCTOR_REFUSAL)
-
-
 def __getattr__(name: str) -> Any:
+    # No torch.zion.Scheduling or *WrapperCodegen: inductor never generates
+    # code for a zion device; zion_emu.inductor lowers zion graphs as CPU.
     if name == "default_generators":
         return _default_generators()
-    if name in _INDUCTOR_HOOKS:
-        # Asked for only while inductor registers backends, so it is loaded:
-        # it looks up the device's op overrides before the wrapper that refuses.
-        from torch._inductor.codegen.common import DeviceOpOverrides, register_device_op_overrides
-
-        register_device_op_overrides("zion", DeviceOpOverrides())
-        return _InductorRefusal
     raise AttributeError(f"module 'torch.zion' has no attribute {name!r}")

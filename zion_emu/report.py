@@ -73,6 +73,9 @@ class DeviceSnapshot:
     peak_hbm_bytes: int
     hbm_capacity_bytes: int
     breakdown: Breakdown | None = field(default=None, metadata=_OMIT_NONE)
+    # Of the ops, kernels torch.compile generated (zion_emu.inductor) and their modeled busy time.
+    compiled_kernels: int = 0
+    compiled_busy_s: float = 0.0
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeviceSnapshot:
@@ -213,7 +216,8 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
             bytes=c["bytes"], copy_bytes=c["copy_bytes"], ops=c["ops"], guessed_ops=c["guessed_ops"],
             peak_hbm_bytes=torch.zion.max_memory_allocated(d),
             hbm_capacity_bytes=torch.zion.get_device_properties(d).total_memory,
-            breakdown=breakdown(spans, d, wall) if complete else None))
+            breakdown=breakdown(spans, d, wall) if complete else None,
+            compiled_kernels=c["compiled_kernels"], compiled_busy_s=c["compiled_busy_s"]))
     guessed: dict[str, int] = {}
     for d in devices:
         for op, n in cost.guessed_ops(d).items():

@@ -15,6 +15,8 @@ _DEVICES = Table(Column("device", 9, "<"), Column("rank", 4), Column("busy %", 7
                  Column("peak HBM", 12), Column("capacity", 12), Column("ops", 8), Column("guessed", 8), indent="  ")
 _SOCKETS = Table(Column("socket", 9, "<"), Column("rank", 4), Column("busy %", 7, spec=".1f"),
                  Column("peak DDR", 12), Column("capacity", 12), Column("ops", 8), indent="  ")
+_COMPILED = Table(Column("torch.compile kernels", 22, "<"), Column("rank", 4), Column("kernels", 8),
+                  Column("time", 12), Column("of busy", 8), indent="  ")
 _LINKS = Table(Column("link class", 22, "<"), Column("links", 5), Column("bytes moved", 15), Column("utilization", 12),
                indent="  ")
 _TOP_OPS = Table(Column("top work by modeled time (all devices)", 40, "<"), Column("time", 10), Column("count", 8),
@@ -56,6 +58,15 @@ def _devices(report: RunReport) -> list[str]:
                                    _bytes(d.hbm_capacity_bytes), d.ops, d.guessed_ops) for d in report.devices])]
 
 
+def _compiled(report: RunReport) -> list[str]:
+    compiled = [d for d in report.devices if d.compiled_kernels]
+    if not compiled:
+        return []
+    return ["", *_COMPILED.render([(f"zion:{d.device}", d.rank, d.compiled_kernels, format_time(d.compiled_busy_s),
+                                    f"{100.0 * d.compiled_busy_s / d.busy_s if d.busy_s > 0 else 0.0:.1f} %")
+                                   for d in compiled])]
+
+
 def _sockets(report: RunReport) -> list[str]:
     if not report.sockets:
         return []
@@ -86,12 +97,13 @@ def _guessed(report: RunReport) -> list[str]:
 
 def format_text(report: RunReport) -> str:
     """The report as ``zion-emu run`` prints it: the summary, where the time
-    went, then devices, sockets, links, the top work and the guessed ops."""
+    went, then devices, the kernels torch.compile generated, sockets, links,
+    the top work and the guessed ops."""
     lines = []
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _breakdown, _devices, _sockets, _links, _top_ops, _guessed):
+    for section in (_summary, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"

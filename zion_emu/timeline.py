@@ -28,6 +28,8 @@ class DeviceCounters:
     busy_s: float  # summed durations of ops and copies on the device's streams
     ops: int
     guessed_ops: int  # ops no formula knew, priced by the default guess (one pass over their tensors)
+    compiled_kernels: int  # of the ops, kernels torch.compile generated (each priced as one fused kernel)
+    compiled_busy_s: float  # their summed durations
 
 
 def clock() -> float:
@@ -46,4 +48,5 @@ def counters(device: Any = None) -> DeviceCounters:
     the current device by default)."""
     c = _native.counters(_index(device))
     return DeviceCounters(flops=c["flops"], bytes=c["bytes"], copy_bytes=c["copy_bytes"], busy_s=c["busy_s"],
-                          ops=c["ops"], guessed_ops=c["guessed_ops"])
+                          ops=c["ops"], guessed_ops=c["guessed_ops"], compiled_kernels=c["compiled_kernels"],
+                          compiled_busy_s=c["compiled_busy_s"])

@@ -55,6 +55,8 @@ py::dict state_to_dict(const sim::TimelineState& s) {
     d["busy_s"] = c.busy;
     d["ops"] = c.ops;
     d["guessed_ops"] = c.guessed_ops;
+    d["compiled_kernels"] = c.compiled_kernels;
+    d["compiled_busy_s"] = c.compiled_busy;
     d["busy_by_activity_s"] = std::vector<double>(c.busy_by_activity, c.busy_by_activity + sim::kActivities);
     devices.append(d);
   }
@@ -97,6 +99,9 @@ sim::TimelineState state_from_dict(const py::dict& d) {
     k.busy = field<double>(c, kCounterFields[3], where);
     k.ops = field<long long>(c, kCounterFields[4], where);
     k.guessed_ops = field<long long>(c, kCounterFields[5], where);
+    // Absent from states saved before torch.compile was priced: none ran then.
+    if (c.contains("compiled_kernels")) k.compiled_kernels = field<long long>(c, "compiled_kernels", where);
+    if (c.contains("compiled_busy_s")) k.compiled_busy = field<double>(c, "compiled_busy_s", where);
     auto by_activity = field<std::vector<double>>(c, "busy_by_activity_s", where);
     if (by_activity.size() != static_cast<size_t>(sim::kActivities)) {
       throw py::value_error("zion timeline state: " + where + ".busy_by_activity_s must have " +

@@ -155,6 +155,13 @@ void Timeline::count(int device, double flops, double bytes, bool guessed) {
   c.guessed_ops += guessed ? 1 : 0;
 }
 
+void Timeline::count_compiled_kernel(int device, Seconds busy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(device, 0);
+  counters_[device].compiled_kernels += 1;
+  counters_[device].compiled_busy += busy;
+}
+
 void Timeline::count_copy(int device, double bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   check(device, 0);

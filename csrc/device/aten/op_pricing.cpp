@@ -74,4 +74,20 @@ void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::v
   charge(rt, call, rt.cost->resolve(op_name), rt.timeline.label(op_name), device, inputs, outputs);
 }
 
+void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,
+                   sim::OpClass op_class, sim::DType dtype) {
+  check_device(device);
+  Runtime& rt = runtime();
+  sim::OpWork work;
+  work.flops = flops;
+  work.bytes = bytes;
+  work.op_class = op_class;
+  const sim::OpCost cost = rt.cost->price(work, dtype, label);
+  const int stream = static_cast<int>(current_stream(device).id());
+  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time, 0, sim::Activity::kCompute,
+                     rt.timeline.label(label));
+  rt.timeline.count(device, cost.work.flops, cost.work.bytes, false);
+  rt.timeline.count_compiled_kernel(device, cost.device_time);
+}
+
 }  // namespace zion::device

@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
+#include "sim/op_cost.h"
+
 #include <string>
 #include <vector>
 
@@ -20,5 +22,15 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
                const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args = {});
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs);
+
+// Charges one kernel that torch.compile generated (a fused loop nest that
+// runs as one C++ function on the tensors' host memory): the roofline prices
+// its FLOPs at `dtype`'s peak and the bytes it reads and writes at the memory
+// efficiency of `op_class`, as for an op, plus one launch overhead, on the
+// device's current stream. `label` names it on the timeline. It counts as an
+// op and as a compiled kernel. Throws std::invalid_argument naming `label`
+// if a count is negative or not finite.
+void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,
+                   sim::OpClass op_class, sim::DType dtype);
 
 }  // namespace zion::device

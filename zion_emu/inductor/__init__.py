@@ -1,0 +1,94 @@
+"""torch.compile's default backend (inductor) on zion: lower as CPU, run on zion.
+
+Inductor compiles a zion graph as if it were a CPU graph, so it makes exactly
+the CPU's choices (decompositions, fusions, the same C++ kernels) and the
+results equal a CPU compile's. The generated wrapper allocates its buffers on
+zion; extern kernels (``mm``, ``addmm``, ``bmm``, ``convolution``,
+``embedding_bag``, ...) then run through zion's fallback, priced op by op as
+in eager mode, and each generated C++ kernel is charged as one fused kernel
+from the bytes it reads and writes and its FLOPs. A graph that cannot go this
+way is compiled with ``aot_eager`` instead, with a warning.
+
+:func:`install_on_import` (run when zion registers) wraps
+``torch._inductor.compile_fx.compile_fx`` when that module is first imported,
+so a process that never compiles never imports inductor. CPU graphs are
+compiled exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any
+
+__all__ = ["fallbacks", "install_on_import"]
+
+_COMPILE_FX = "torch._inductor.compile_fx"
+
+
+def fallbacks() -> list[str]:
+    """Why each zion graph that went to aot_eager did, oldest first."""
+    if _COMPILE_FX not in sys.modules:
+        return []
+    from zion_emu.inductor.compile_fx import fallback_reasons
+
+    return list(fallback_reasons)
+
+
+def _wrap(module: ModuleType) -> None:
+    original = module.compile_fx
+    if getattr(original, "_zion_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
+        from zion_emu.inductor import compile_fx as zion  # imports inductor's code generators: on first use
+
+        return zion.compile_fx(original, model_, example_inputs_, *args, **kwargs)
+
+    compile_fx._zion_wrapped = True  # type: ignore[attr-defined]
+    module.compile_fx = compile_fx
+
+
+class _WrapAfterExec(importlib.abc.Loader):
+    """The loader of torch._inductor.compile_fx, which wraps compile_fx once
+    the module has run; anything else is the real loader's."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        _wrap(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _COMPILE_FX:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _WrapAfterExec(spec.loader)
+        return spec
+
+
+def install_on_import() -> None:
+    """Wraps inductor's compile_fx now if it is imported, else when it is."""
+    module = sys.modules.get(_COMPILE_FX)
+    if module is not None:
+        _wrap(module)
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+

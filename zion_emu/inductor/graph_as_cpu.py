@@ -1,0 +1,148 @@
+"""A dynamo graph of zion tensors, seen as a graph of CPU tensors.
+
+Inductor branches on ``device.type == "cpu"`` in many places (decompositions,
+lowerings, fusion, vectorization); a graph whose devices and fake tensors all
+say CPU gets exactly the choices a CPU compile makes, and so CPU's numerics.
+:class:`CpuView` rewrites the graph in place and can undo it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+class Refusal(Exception):
+    """The graph cannot be lowered as CPU for zion; the message says why."""
+
+
+def _is_zion(d: Any) -> bool:
+    if isinstance(d, torch.device):
+        return d.type == "zion"
+    return isinstance(d, str) and (d == "zion" or d.startswith("zion:"))
+
+
+def _is_cpu(d: Any) -> bool:
+    if isinstance(d, torch.device):
+        return d.type == "cpu"
+    return isinstance(d, str) and (d == "cpu" or d.startswith("cpu:"))
+
+
+def _metas(gm: torch.fx.GraphModule) -> list[Any]:
+    return [node.meta[key] for node in gm.graph.nodes for key in ("val", "example_value") if key in node.meta]
+
+
+def zion_device_index(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int | None:
+    """The zion device the graph runs on; None for a graph with no zion tensor."""
+    indices = set()
+    for x in pytree.tree_leaves([list(example_inputs), _metas(gm)]):
+        if isinstance(x, torch.Tensor) and x.device.type == "zion":
+            indices.add(x.device.index or 0)
+    if len(indices) > 1:
+        raise Refusal(f"the graph uses several zion devices {sorted(indices)}")
+    return indices.pop() if indices else None
+
+
+class CpuView:
+    """Rewrites a dynamo graph in place to CPU devices and CPU fake tensors."""
+
+    def __init__(self, gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+        self.gm = gm
+        self.fake_mode = fake_mode
+        self.undo: list[tuple[Any, str, Any]] = []
+        self.bases: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def apply(self, example_inputs: Sequence[Any]) -> list[Any]:
+        """Rewrites the graph; returns CPU stand-ins for the example inputs."""
+        self._check_outputs()
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                raise Refusal(f"the graph holds a tensor attribute ({node.target})")
+            for key in ("val", "example_value"):
+                if key in node.meta:
+                    self.undo.append((node.meta, key, node.meta[key]))
+                    node.meta[key] = pytree.tree_map_only(torch.Tensor, self._tensor, node.meta[key])
+            if node.op in ("call_function", "call_method", "call_module"):
+                self.undo.append((node, "args", node.args))
+                self.undo.append((node, "kwargs", node.kwargs))
+                node.args = self._value(node.args)
+                node.kwargs = self._value(node.kwargs)
+        self.gm.recompile()
+        return [self._input(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+
+    def restore(self) -> None:
+        for obj, key, old in reversed(self.undo):
+            if isinstance(obj, dict):
+                obj[key] = old
+            else:
+                setattr(obj, key, old)
+        self.undo.clear()
+        self.gm.recompile()
+
+    def _check_outputs(self) -> None:
+        # Lowered as CPU, every buffer the wrapper allocates is on zion: a CPU
+        # tensor the graph makes (torch.arange with no device) would come back
+        # on zion. Inside the graph that is harmless; as an output it is not.
+        output = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        for arg in pytree.tree_leaves(output.args):
+            meta = getattr(arg, "meta", {}).get("example_value", getattr(arg, "meta", {}).get("val"))
+            if isinstance(meta, torch.Tensor) and meta.device.type == "cpu":
+                raise Refusal(f"the graph returns a CPU tensor ({arg.name}), which would come back on zion")
+
+    def _tensor(self, t: torch.Tensor, is_input: bool = False) -> torch.Tensor:
+        if t.device.type == "cpu":
+            # zion ops take CPU scalars; a CPU tensor made inside the graph
+            # (torch.tril_indices) stays CPU, as in a CPU compile
+            if is_input and t.dim() > 0:
+                raise Refusal("a CPU tensor of dim > 0 is an input of a zion graph")
+            return t
+        if t.device.type != "zion":
+            raise Refusal(f"a tensor on {t.device} in a zion graph")
+        # Inputs that share a storage must still share it (aot_autograd reads
+        # their aliasing); the graph's other metas get plain stand-ins.
+        key = t.untyped_storage()._cdata if is_input else None
+        base = self.bases.get(key) if is_input else None
+        with self.fake_mode:
+            if base is None:
+                # first tensor of its storage: a plain stand-in (set_ on a
+                # symbolic storage would add shape guards)
+                out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
+                if is_input and t.storage_offset() == 0:
+                    self.bases[key] = (out, t)  # t held: its storage id stays unique
+            else:
+                out = torch.empty(0, dtype=t.dtype, device="cpu")
+                out.set_(base[0].untyped_storage(), t.storage_offset(), t.size(), t.stride())
+        if t.requires_grad:
+            out.requires_grad_(True)
+        if isinstance(t, torch.nn.Parameter):
+            out = torch.nn.Parameter(out, requires_grad=t.requires_grad)
+        return out
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        # Dynamo hands real tensors; its fake mode memoizes their (maybe
+        # symbolic) fakes, whose sizes the CPU stand-ins must keep.
+        if not isinstance(x, torch._subclasses.FakeTensor):
+            fake = self.fake_mode.from_tensor(x)
+            if x.requires_grad and not fake.requires_grad:
+                fake.requires_grad_(True)
+            if isinstance(x, torch.nn.Parameter) and not isinstance(fake, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=x.requires_grad)
+            x = fake
+        return self._tensor(x, is_input=True)
+
+    def _value(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return self._tensor(v)
+        if isinstance(v, (torch.device, str)):
+            if _is_zion(v):
+                return torch.device("cpu") if isinstance(v, torch.device) else "cpu"
+            if _is_cpu(v):
+                raise Refusal("the graph names the CPU device (a copy between zion and the CPU)")
+            return v
+        if isinstance(v, (list, tuple)):
+            return type(v)(self._value(e) for e in v)
+        if isinstance(v, dict):
+            return {k: self._value(e) for k, e in v.items()}
+        return v
