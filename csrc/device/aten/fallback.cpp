@@ -9,6 +9,7 @@
 // once per operator and cached; small on-stack vectors hold the rest.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
@@ -40,7 +41,14 @@ struct OpFacts {
   // stay on the CPU aliases and the zion result would get no gradient, so
   // its aliases carry requires_grad and a result with history is refused.
   bool may_record_autograd = false;
+  bool describes_undefined = false;  // a non-ATen op: see Call::convert_argument
 };
+
+// What an undefined tensor argument is priced as: no elements.
+const at::Tensor& empty_argument() {
+  static const at::Tensor empty = at::empty({0});
+  return empty;
+}
 
 bool is_optional_of(const c10::TypePtr& type, c10::TypeKind kind) {
   return type->kind() == c10::TypeKind::OptionalType &&
@@ -73,7 +81,9 @@ OpFacts read_facts(const c10::OperatorHandle& op) {
       f.pin_memory_arg = static_cast<int>(i);
     }
   }
-  f.may_record_autograd = name.rfind("aten::", 0) != 0 && !has_autograd_kernel(op);
+  const bool aten = name.rfind("aten::", 0) == 0;
+  f.may_record_autograd = !aten && !has_autograd_kernel(op);
+  f.describes_undefined = !aten;
   return f;
 }
 
@@ -129,7 +139,13 @@ struct Call {
   }
 
   c10::IValue convert_argument(c10::IValue&& v) {
-    if (v.isTensor()) return alias(v.toTensor());
+    if (v.isTensor()) {
+      // A non-ATen op's undefined Tensor argument (fbgemm passes them) is
+      // priced as an empty tensor, so its formula finds the others where
+      // the schema puts them (op_formulas_fbgemm.cpp).
+      if (!v.toTensor().defined() && facts.describes_undefined) inputs.push_back(empty_argument());
+      return alias(v.toTensor());
+    }
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       auto list = v.toTensorList();
