@@ -136,6 +136,34 @@ def test_a_tbe_lookup_trains_as_on_the_cpu_and_takes_its_closed_form_time():
     assert got["backward"] == [pytest.approx(backward, rel=1e-9), 1]
 
 
+@pytest.mark.parametrize("optimizer,state_bytes_per_row", [("sgd", 0), ("adagrad", 4 * 16), ("rowwise_adagrad", 4)])
+def test_a_fused_backward_reads_and_writes_each_row_with_its_optimizer_state(optimizer, state_bytes_per_row):
+    from zion_emu import sim
+
+    p = zion_emu.load_platform("zion")
+    model = sim.OpCostModel.for_oam(p)
+    B, T, D, L, ROWS = 32, 2, 16, 100, 1000
+    f32, i64, i32 = (lambda n: sim.TensorDesc([n], "fp32")), (lambda n: sim.TensorDesc([n], "int64")), \
+        (lambda n: sim.TensorDesc([n], "int32"))
+    # Schema order: grad_output, host/dev/uvm/lxu weights, placements,
+    # weights_offsets, D_offsets, hash_size_cumsum, indices, offsets,
+    # indice_weights, lxu_cache_locations, then the optimizer's state.
+    inputs = [sim.TensorDesc([B, T * D], "fp32"), f32(T * ROWS * D), f32(0), f32(0), f32(0), i32(T), i64(T),
+              i32(T + 1), i64(T + 1), i64(L), i64(B * T + 1), f32(0), i32(0)]
+    if optimizer != "sgd":
+        momentum = T * ROWS * (D if optimizer == "adagrad" else 1)
+        inputs += [f32(momentum), f32(0), f32(0), i32(T), i64(T)]
+    inputs.append(sim.TensorDesc([], "fp32"))  # learning_rate_tensor
+    cost = model.cost(sim.OpCall(f"fbgemm::split_embedding_backward_codegen_{optimizer}_unweighted_pt2_wrapper",
+                                 inputs, []))
+    hbm = 1000e9
+    streamed = 4 * B * T * D + 8 * L + 8 * (B * T + 1)
+    touched = 2 * L * (4 * D + state_bytes_per_row)
+    assert cost.work.gathered_bytes == touched and cost.work.bytes == streamed
+    assert cost.device_time == pytest.approx(streamed / (hbm * 0.8) + touched / (hbm * 0.4), rel=1e-12)
+    assert not cost.guessed
+
+
 def test_a_cpu_kernel_that_records_its_own_autograd_graph_is_refused():
     # Like fbgemm's DENSE lookup, this op keeps its autograd inside its CPU
     # kernel and has no autograd kernel. Through zion's fallback the graph
