@@ -244,9 +244,10 @@ OpWork index_select(const OpCall& call) {
 }
 
 // index.Tensor(self, indices...): each output element is read from self at
-// an indexed position, a gather; the index tensors stream in.
+// an indexed position, a gather; the index tensors stream in (those on the
+// CPU, which zion accepts for indexing as CUDA does, are not its inputs).
 OpWork advanced_index(const OpCall& call) {
-  if (call.inputs.size() < 2 || call.outputs.empty()) bad_call(call, "inputs (self, indices...), outputs (result)");
+  if (call.inputs.empty() || call.outputs.empty()) bad_call(call, "inputs (self, indices...), outputs (result)");
   return make_work(OpClass::kEmbeddingBag, 0, sum_bytes(call.inputs, 1) + sum_bytes(call.outputs),
                    sum_bytes(call.outputs));
 }
@@ -254,9 +255,10 @@ OpWork advanced_index(const OpCall& call) {
 // _index_put_impl_(self, indices..., values): each element of values lands in
 // self at an indexed position. Priced as accumulate=True, a read-modify-write
 // of each landing element (the backward of indexing, where a training step
-// meets this op, accumulates); values and the index tensors stream in.
+// meets this op, accumulates); values and the index tensors on the device
+// stream in.
 OpWork advanced_index_put(const OpCall& call) {
-  if (call.inputs.size() < 3) bad_call(call, "inputs (self, indices..., values)");
+  if (call.inputs.size() < 2) bad_call(call, "inputs (self, indices..., values)");
   const TensorDesc& values = call.inputs.back();
   return make_work(OpClass::kEmbeddingBag, static_cast<double>(values.numel()), sum_bytes(call.inputs, 1),
                    2 * values.bytes());
