@@ -5,8 +5,11 @@ STAMP := build/.installed
 .PHONY: install demo tour test bench clean sanitize system-deps
 
 # Installs the Python dependencies and builds the extension in place.
-$(STAMP): requirements.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cpp' -o -name '*.h') | system-deps
+# requirements-torchrec.txt goes in with --no-deps: its packages would pull
+# another torch (see the file).
+$(STAMP): requirements.txt requirements-torchrec.txt setup.py CMakeLists.txt $(shell find csrc -name '*.cpp' -o -name '*.h') | system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
+	$(PYTHON) -m pip install -q --no-deps -r requirements-torchrec.txt
 	$(PYTHON) -m pip install -q --no-build-isolation -e .
 	@mkdir -p build && touch $(STAMP)
 

@@ -55,8 +55,8 @@ __all__ = [
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
     "astra", "breakdown", "cli", "cost", "cuda_compat", "data", "device", "distributed", "inductor", "iterations",
-    "launch",
-    "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "trace", "virtual_clock",
+    "launch", "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "torchrec", "trace",
+    "virtual_clock",
 )
 
 
@@ -88,3 +88,8 @@ def __dir__() -> list[str]:
 from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
 
 _socket_from_environment()
+
+# torchrec and fbgemm_gpu on zion, installed when (and if) they are imported.
+from zion_emu.torchrec.hooks import watch as _watch_torchrec  # noqa: E402
+
+_watch_torchrec()

@@ -18,37 +18,11 @@
 #include <string>
 
 #include "op_cost.h"
+#include "op_formula_helpers.h"
 
 namespace zion::sim {
 
 namespace {
-
-std::string describe(const std::vector<TensorDesc>& tensors) {
-  std::string s = "(";
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (i) s += ", ";
-    s += "[";
-    for (size_t d = 0; d < tensors[i].sizes.size(); ++d) {
-      if (d) s += ", ";
-      s += std::to_string(tensors[i].sizes[d]);
-    }
-    s += "]";
-  }
-  return s + ")";
-}
-
-[[noreturn]] void bad_call(const OpCall& call, const char* expected) {
-  throw std::invalid_argument(call.name + ": the op cost formula expects " + expected + "; got inputs " +
-                              describe(call.inputs) + ", outputs " + describe(call.outputs));
-}
-
-double sum_bytes(const std::vector<TensorDesc>& tensors, size_t first = 0) {
-  double bytes = 0;
-  for (size_t i = first; i < tensors.size(); ++i) bytes += tensors[i].bytes();
-  return bytes;
-}
-
-double io_bytes(const OpCall& call) { return sum_bytes(call.inputs) + sum_bytes(call.outputs); }
 
 double sum_numel(const std::vector<TensorDesc>& tensors) {
   double n = 0;
@@ -64,15 +38,6 @@ double max_numel(const std::vector<TensorDesc>& tensors) {
 
 int64_t int_arg(const OpCall& call, size_t i, int64_t fallback) {
   return i < call.int_args.size() ? call.int_args[i] : fallback;
-}
-
-OpWork make_work(OpClass op_class, double flops, double bytes, double gathered_bytes = 0) {
-  OpWork work;
-  work.op_class = op_class;
-  work.flops = flops;
-  work.bytes = bytes;
-  work.gathered_bytes = gathered_bytes;
-  return work;
 }
 
 // ---- matmul family --------------------------------------------------------
@@ -278,6 +243,27 @@ OpWork index_select(const OpCall& call) {
                    sum_bytes(call.outputs));
 }
 
+// index.Tensor(self, indices...): each output element is read from self at
+// an indexed position, a gather; the index tensors stream in (those on the
+// CPU, which zion accepts for indexing as CUDA does, are not its inputs).
+OpWork advanced_index(const OpCall& call) {
+  if (call.inputs.empty() || call.outputs.empty()) bad_call(call, "inputs (self, indices...), outputs (result)");
+  return make_work(OpClass::kEmbeddingBag, 0, sum_bytes(call.inputs, 1) + sum_bytes(call.outputs),
+                   sum_bytes(call.outputs));
+}
+
+// _index_put_impl_(self, indices..., values): each element of values lands in
+// self at an indexed position. Priced as accumulate=True, a read-modify-write
+// of each landing element (the backward of indexing, where a training step
+// meets this op, accumulates); values and the index tensors on the device
+// stream in.
+OpWork advanced_index_put(const OpCall& call) {
+  if (call.inputs.size() < 2) bad_call(call, "inputs (self, indices..., values)");
+  const TensorDesc& values = call.inputs.back();
+  return make_work(OpClass::kEmbeddingBag, static_cast<double>(values.numel()), sum_bytes(call.inputs, 1),
+                   2 * values.bytes());
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
@@ -315,6 +301,9 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
           elementwise(2));                          // a mul or div, then an add
   add("mse_loss_backward", elementwise(3));         // 2 * (x - t) * grad / N: sub, mul, mul
   add("binary_cross_entropy_backward", elementwise(5));  // grad * (x - t) / (x * (1 - x)): sub, sub, mul, div, mul
+  // log_sigmoid_forward writes (output, buffer): min(x, 0) - log1p(exp(-|x|))
+  // is abs, neg, exp, log1p, min, sub per element, 3 per output element.
+  add("log_sigmoid_forward", elementwise(3));
 
   // Data movement: bytes only.
   add_all({"clone", "_to_copy", "contiguous", "cat", "stack", "repeat", "flip", "roll", "constant_pad_nd", "gather",
@@ -365,6 +354,10 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
           embedding_dense_backward);
   add_all({"embedding_sparse_backward", "_embedding_bag_sparse_backward"}, embedding_sparse_backward);
   add("index_select", index_select);
+  add("index.Tensor", advanced_index);
+  add("_index_put_impl_", advanced_index_put);
+
+  for (auto& entry : fbgemm_op_formulas()) table.push_back(std::move(entry));
   return table;
 }
 

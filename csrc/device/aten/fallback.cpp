@@ -9,6 +9,8 @@
 // once per operator and cached; small on-stack vectors hold the rest.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -34,14 +36,35 @@ struct OpFacts {
   c10::SmallVector<int, 2> generator_args;   // Generator? arguments: become the device's CPU generator
   c10::SmallVector<int, 2> written_args;     // Tensor(a!) arguments: may be resized by the kernel
   int pin_memory_arg = -1;                   // pinning means nothing for a zion result
+  // A non-ATen op without an autograd kernel (fbgemm's dense TBE lookup):
+  // its CPU kernel may record an autograd graph itself. Such a graph would
+  // stay on the CPU aliases and the zion result would get no gradient, so
+  // its aliases carry requires_grad and a result with history is refused.
+  bool may_record_autograd = false;
+  bool describes_undefined = false;  // a non-ATen op: see Call::convert_argument
 };
+
+// What an undefined tensor argument is priced as: no elements.
+const at::Tensor& empty_argument() {
+  static const at::Tensor empty = at::empty({0});
+  return empty;
+}
 
 bool is_optional_of(const c10::TypePtr& type, c10::TypeKind kind) {
   return type->kind() == c10::TypeKind::OptionalType &&
          type->castRaw<c10::OptionalType>()->getElementType()->kind() == kind;
 }
 
-OpFacts read_facts(const c10::FunctionSchema& schema) {
+bool has_autograd_kernel(const c10::OperatorHandle& op) {
+  for (c10::DispatchKey key : {c10::DispatchKey::Autograd, c10::DispatchKey::AutogradCPU,
+                               c10::DispatchKey::AutogradPrivateUse1, c10::DispatchKey::CompositeImplicitAutograd}) {
+    if (op.hasKernelForDispatchKey(key)) return true;
+  }
+  return false;
+}
+
+OpFacts read_facts(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
   OpFacts f;
   const std::string& name = schema.name();
   f.accepts_cpu_tensors = name == "aten::index" || name == "aten::index_put_" || name == "aten::_index_put_impl_" ||
@@ -58,6 +81,9 @@ OpFacts read_facts(const c10::FunctionSchema& schema) {
       f.pin_memory_arg = static_cast<int>(i);
     }
   }
+  const bool aten = name.rfind("aten::", 0) == 0;
+  f.may_record_autograd = !aten && !has_autograd_kernel(op);
+  f.describes_undefined = !aten;
   return f;
 }
 
@@ -66,7 +92,7 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> cache;
   const c10::FunctionSchema* key = &op.schema();
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, read_facts(*key)).first;
+  if (it == cache.end()) it = cache.emplace(key, read_facts(op)).first;
   return it->second;
 }
 
@@ -84,6 +110,7 @@ struct Call {
   c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> zion_of_alias;  // alias -> the argument it stands for
   c10::SmallVector<c10::StorageImpl*, 2> cpu_storages;                          // of CPU tensors passed through
   c10::SmallVector<at::Tensor, 4> inputs;                                       // for pricing
+  bool watch_autograd = false;  // an alias carries requires_grad (OpFacts::may_record_autograd)
 
   at::Tensor alias(const at::Tensor& t) {
     if (!t.defined()) return t;
@@ -94,6 +121,10 @@ struct Call {
         mixed_devices(op, device, t);
       }
       at::Tensor a = aliases.alias(t);
+      if (facts.may_record_autograd && t.requires_grad() && c10::GradMode::is_enabled()) {
+        a.set_requires_grad(true);
+        watch_autograd = true;
+      }
       zion_of_alias.emplace_back(a.unsafeGetTensorImpl(), t);
       inputs.push_back(a);
       return a;
@@ -108,7 +139,13 @@ struct Call {
   }
 
   c10::IValue convert_argument(c10::IValue&& v) {
-    if (v.isTensor()) return alias(v.toTensor());
+    if (v.isTensor()) {
+      // A non-ATen op's undefined Tensor argument (fbgemm passes them) is
+      // priced as an empty tensor, so its formula finds the others where
+      // the schema puts them (op_formulas_fbgemm.cpp).
+      if (!v.toTensor().defined() && facts.describes_undefined) inputs.push_back(empty_argument());
+      return alias(v.toTensor());
+    }
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       auto list = v.toTensorList();
@@ -149,6 +186,11 @@ struct Call {
         if (s == t.storage().unsafeGetStorageImpl()) return aliases.to_zion(t.clone());
       }
     }
+    TORCH_CHECK(!watch_autograd || !t.requires_grad(), "zion: the CPU kernel of ", op.schema().name(),
+                " recorded an autograd graph on its result: the op has no autograd kernel, its autograd lives inside "
+                "its CPU kernel. zion runs that kernel on CPU aliases, so the graph would stay on the CPU and the zion "
+                "result would get no gradient. Register an AutogradPrivateUse1 kernel for the op (zion_emu.torchrec "
+                "does for fbgemm's embedding lookups; import torchrec or fbgemm_gpu after zion_emu).");
     return aliases.to_zion(t);
   }
 

@@ -103,6 +103,17 @@ at::Tensor cpu_alias(const at::Tensor& t) {
   return tensor_over(alias_storage(t.storage()), c10::DispatchKey::CPU, t);
 }
 
+at::Tensor zion_tensor_of_alias(const at::Tensor& cpu) {
+  if (!cpu.defined() || !cpu.device().is_cpu() || !cpu.has_storage()) return at::Tensor();
+  const c10::DataPtr& bytes = cpu.storage().data_ptr();
+  // An alias's bytes are released by release_storage_ref, whose context is
+  // the zion storage (alias_storage above).
+  if (bytes.get_deleter() != &release_storage_ref) return at::Tensor();
+  auto* zion = static_cast<c10::StorageImpl*>(bytes.get_context());
+  return tensor_over(c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(zion)),
+                     c10::DispatchKey::PrivateUse1, cpu);
+}
+
 void sync_metadata(const at::Tensor& from, const at::Tensor& to) {
   if (from.sizes().equals(to.sizes()) && from.strides().equals(to.strides()) &&
       from.storage_offset() == to.storage_offset()) {

@@ -51,6 +51,12 @@ class AliasSet {
 // One alias, for kernels that read a zion tensor once (copies, scalars).
 at::Tensor cpu_alias(const at::Tensor& zion_tensor);
 
+// The zion tensor a CPU tensor made by cpu_alias (or a CPU view of one)
+// stands for: same storage, sizes, strides and offset. Undefined if `cpu`
+// holds no alias's bytes. Lets code that runs a library's CPU glue on
+// aliases (zion_emu.torchrec) hand the tensors it gets back to zion.
+at::Tensor zion_tensor_of_alias(const at::Tensor& cpu);
+
 // Copies sizes, strides and offset of `from` onto `to` (a mutated argument).
 void sync_metadata(const at::Tensor& from, const at::Tensor& to);
 

@@ -1,0 +1,237 @@
+"""torchrec on zion (zion_emu/torchrec): DistributedModelParallel DLRM trains
+on zion natively and under --cuda-compat with rank 0's losses those of the
+CPU/gloo run with the same plan, bit for bit; a step prices every op with a
+formula; the fbgemm lookups and the pooled-embedding all-to-all take the
+time worked out by hand from the platform's numbers.
+
+Single-process checks run in a fresh interpreter (importing fbgemm_gpu
+installs zion's kernels into the process that does it); multi-rank runs go
+through torchrun (CPU) and zion-emu run, each bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import zion_emu
+from processes import REPO, child_env, run, run_python, torchrun, zion_emu_cli
+
+EXAMPLE = str(REPO / "examples" / "torchrec_dlrm.py")
+RUN_TIMEOUT_S = 150
+
+pytest.importorskip("torchrec", reason="make install installs torchrec (requirements-torchrec.txt)")
+
+
+def _lines(output: str, prefix: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines() if line.startswith(prefix)]
+
+
+def _losses(output: str) -> list[str]:
+    return [fields[2] for fields in _lines(output, "loss ")]
+
+
+# --- one process ---------------------------------------------------------------
+
+def test_importing_zion_emu_imports_neither_torchrec_nor_fbgemm():
+    done = run_python("""
+        import sys, zion_emu
+        print(sorted(m for m in ("torchrec", "fbgemm_gpu") if m in sys.modules), zion_emu.torchrec.installed())
+    """)
+    assert done.stdout.split("\n")[0] == "[] []"
+
+
+def test_the_planner_sees_the_platform_and_places_shards_on_zion():
+    done = run_python("""
+        import json, zion_emu
+        from torchrec.distributed.planner import Topology
+        from torchrec.distributed import sharding_plan
+        from torchrec.distributed.planner import planners
+        t = Topology(world_size=4, compute_device="zion")
+        given = Topology(world_size=4, compute_device="zion", hbm_cap=123)
+        print(json.dumps({"device": t.compute_device, "hbm": [d.storage.hbm for d in t.devices],
+                          "ddr": t.devices[0].storage.ddr, "intra": t.intra_host_bw, "inter": t.inter_host_bw,
+                          "hbm_bw": t.hbm_mem_bw, "given_hbm": given.devices[0].storage.hbm,
+                          "placement": sharding_plan.placement("zion", 3, 2),
+                          "planners_placement": planners.placement("zion", 5, 4),
+                          "cpu_placement": sharding_plan.placement("cpu", 1, 2)}))
+    """)
+    got = json.loads(done.stdout)
+    p = zion_emu.load_platform("zion")
+    # Zion: 8 OAMs of 32 GiB HBM at 1000 GB/s; 8 sockets of 384 GiB DDR
+    # shared by the 8 OAMs; 4 NICs of 100 Gbit/s shared by 8 OAMs: 6.25 GB/s
+    # each; torchrec's bandwidths are bytes per millisecond.
+    assert got["device"] == "cuda"  # torchrec's accelerator model
+    assert got["hbm"] == [p.get("oam.hbm_bytes")] * 4 == [32 * 2**30] * 4
+    assert got["ddr"] == p.get("socket.ddr_bytes") * 8 // 8 == 384 * 2**30
+    assert got["hbm_bw"] == pytest.approx(1000e9 / 1e3)
+    assert got["inter"] == pytest.approx(4 * 100e9 / 8 / 8 / 1e3)
+    # Intra-node: the modeled all-to-all bus bandwidth of the 8 fully
+    # connected OAMs at 256 MiB: (n-1)/n * S / (alpha + S/n / 25 GB/s).
+    S, n, link, alpha = 256 * 2**20, 8, 25e9, 600e-9 + 6600e-9
+    assert got["intra"] == pytest.approx((n - 1) / n * S / (alpha + S / n / link) / 1e3, rel=1e-6)
+    assert got["given_hbm"] == 123  # what the caller gives wins
+    assert got["placement"] == "rank:3/zion:1" and got["planners_placement"] == "rank:5/zion:1"
+    assert got["cpu_placement"] == "rank:1/cpu"
+
+
+TBE_SNIPPET = """
+    import json, torch, zion_emu
+    from zion_emu import _C
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    T, ROWS, D, B = 2, 1000, 16, 32
+    indices = torch.arange(B * T * 3) * 7 % ROWS   # 3 lookups per sample and feature
+    offsets = torch.arange(0, B * T * 3 + 1, 3)
+
+    def step(device):
+        torch.manual_seed(0)
+        specs = [(ROWS, D, EmbeddingLocation.HOST, ComputeDevice.CPU)] * T
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                    learning_rate=0.1, device=device)
+        with torch.no_grad():
+            tbe.weights_host.copy_(torch.randn(tbe.weights_host.shape).to(device))
+        out = tbe(indices.to(device), offsets.to(device))
+        (out * torch.arange(out.numel(), dtype=torch.float).reshape(out.shape).to(device)).sum().backward()
+        return out.detach().cpu(), tbe.weights_host.detach().cpu()
+
+    cpu_out, cpu_weights = step("cpu")
+    zion_emu.reset_clock()
+    out, weights = step(torch.device("zion", 0))
+    totals = _C.timeline.label_totals()
+    print(json.dumps({"same_out": torch.equal(out, cpu_out), "same_weights": torch.equal(weights, cpu_weights),
+                      "trained": not torch.equal(weights, torch.randn(0)),
+                      "guessed": zion_emu.cost.guessed_ops(0),
+                      "forward": totals["fbgemm::split_embedding_codegen_forward_unweighted_pt2_wrapper"],
+                      "backward": totals[
+                          "fbgemm::split_embedding_backward_codegen_rowwise_adagrad_unweighted_pt2_wrapper"]}))
+"""
+
+
+def test_a_tbe_lookup_trains_as_on_the_cpu_and_takes_its_closed_form_time():
+    got = json.loads(run_python(TBE_SNIPPET, timeout_s=RUN_TIMEOUT_S).stdout.strip().splitlines()[-1])
+    assert got["same_out"] and got["same_weights"] and got["guessed"] == {}
+
+    p = zion_emu.load_platform("zion")
+    hbm = p.get("oam.hbm_bandwidth_gb_per_s") * 1e9                 # 1000 GB/s
+    stream = hbm * p.get("oam.efficiency.elementwise")                # 0.8 of it
+    gather = hbm * p.get("oam.efficiency.embedding_random_access")    # 0.4 of it
+    T, D, B = 2, 16, 32
+    L = B * T * 3                                                     # 192 lookups
+    index_bytes = 8 * L + 8 * (B * T + 1)                             # int64 indices and offsets
+    pooled_bytes = 4 * B * T * D                                      # fp32 [B, T*D]
+    # Forward: L rows of D fp32 gathered; indices, offsets stream in and the
+    # pooled output streams out.
+    forward = (index_bytes + pooled_bytes) / stream + 4 * L * D / gather
+    # Backward, row-wise Adagrad fused: the pooled gradient and the indices
+    # stream in; each lookup's row (D fp32) and its one fp32 momentum are
+    # read and written back.
+    backward = (pooled_bytes + index_bytes) / stream + 2 * L * (4 * D + 4) / gather
+    assert got["forward"] == [pytest.approx(forward, rel=1e-9), 1]
+    assert got["backward"] == [pytest.approx(backward, rel=1e-9), 1]
+
+
+@pytest.mark.parametrize("optimizer,state_bytes_per_row", [("sgd", 0), ("adagrad", 4 * 16), ("rowwise_adagrad", 4)])
+def test_a_fused_backward_reads_and_writes_each_row_with_its_optimizer_state(optimizer, state_bytes_per_row):
+    from zion_emu import sim
+
+    p = zion_emu.load_platform("zion")
+    model = sim.OpCostModel.for_oam(p)
+    B, T, D, L, ROWS = 32, 2, 16, 100, 1000
+    f32, i64, i32 = (lambda n: sim.TensorDesc([n], "fp32")), (lambda n: sim.TensorDesc([n], "int64")), \
+        (lambda n: sim.TensorDesc([n], "int32"))
+    # Schema order: grad_output, host/dev/uvm/lxu weights, placements,
+    # weights_offsets, D_offsets, hash_size_cumsum, indices, offsets,
+    # indice_weights, lxu_cache_locations, then the optimizer's state.
+    inputs = [sim.TensorDesc([B, T * D], "fp32"), f32(T * ROWS * D), f32(0), f32(0), f32(0), i32(T), i64(T),
+              i32(T + 1), i64(T + 1), i64(L), i64(B * T + 1), f32(0), i32(0)]
+    if optimizer != "sgd":
+        momentum = T * ROWS * (D if optimizer == "adagrad" else 1)
+        inputs += [f32(momentum), f32(0), f32(0), i32(T), i64(T)]
+    inputs.append(sim.TensorDesc([], "fp32"))  # learning_rate_tensor
+    cost = model.cost(sim.OpCall(f"fbgemm::split_embedding_backward_codegen_{optimizer}_unweighted_pt2_wrapper",
+                                 inputs, []))
+    hbm = 1000e9
+    streamed = 4 * B * T * D + 8 * L + 8 * (B * T + 1)
+    touched = 2 * L * (4 * D + state_bytes_per_row)
+    assert cost.work.gathered_bytes == touched and cost.work.bytes == streamed
+    assert cost.device_time == pytest.approx(streamed / (hbm * 0.8) + touched / (hbm * 0.4), rel=1e-12)
+    assert not cost.guessed
+
+
+def test_a_cpu_kernel_that_records_its_own_autograd_graph_is_refused():
+    # Like fbgemm's DENSE lookup, this op keeps its autograd inside its CPU
+    # kernel and has no autograd kernel. Through zion's fallback the graph
+    # would stay on the CPU aliases and the gradient be lost silently; the
+    # fallback refuses instead.
+    done = run_python("""
+        import torch, zion_emu
+
+        class Double(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        lib = torch.library.Library("zion_test", "DEF")
+        lib.define("double(Tensor x) -> Tensor")
+        lib.impl("double", Double.apply, "CPU")
+        x = torch.ones(3).to("zion").requires_grad_()
+        with torch.no_grad():
+            print("no grad", torch.ops.zion_test.double(x).sum().item())
+        torch.ops.zion_test.double(x)
+    """, check=False)
+    assert "no grad 6.0" in done.stdout  # nothing to lose without autograd
+    assert done.returncode != 0
+    assert "zion: the CPU kernel of zion_test::double recorded an autograd graph on its result" in done.stderr
+
+
+# --- ranks ---------------------------------------------------------------------
+
+CONFIGS = [("table_wise", "sgd"), ("row_wise", "rowwise_adagrad")]
+
+
+def _cpu_run(sharding: str, optimizer: str) -> str:
+    done = run(torchrun(2, EXAMPLE, "--device", "cpu", "--sharding", sharding, "--optimizer", optimizer),
+               timeout_s=RUN_TIMEOUT_S, check=True, env=child_env(OMP_NUM_THREADS="1"))
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("sharding,optimizer", CONFIGS)
+def test_two_ranks_on_zion_give_the_cpu_losses_bit_for_bit(sharding, optimizer):
+    # Every plan has t0 table-wise, t1 as named, t2 column-wise and t3
+    # data-parallel (the DENSE kernel).
+    cpu = _losses(_cpu_run(sharding, optimizer))
+    assert len(cpu) == 3 and len(set(cpu)) > 1
+    args = ("--sharding", sharding, "--optimizer", optimizer)
+    native = zion_emu_cli("run", "--nproc", "2", EXAMPLE, "--device", "zion", *args, timeout_s=RUN_TIMEOUT_S,
+                          env=child_env(OMP_NUM_THREADS="1")).stdout
+    assert _losses(native) == cpu
+    compat = zion_emu_cli("run", "--nproc", "2", "--cuda-compat", EXAMPLE, *args, timeout_s=RUN_TIMEOUT_S,
+                          env=child_env(OMP_NUM_THREADS="1")).stdout
+    assert _losses(compat) == cpu
+
+    for out in (native, compat):
+        # The last step priced every op with a formula.
+        assert _lines(out, "guessed_ops ") == [["guessed_ops", "{}"]]
+        # Pooled embeddings cross the one 25 GB/s link between OAMs 0 and 1:
+        # base latency + link latency + the largest block / link bandwidth.
+        p = zion_emu.load_platform("zion")
+        latency = (p.get("collectives.base_latency_ns") + p.get("fabric.latency_ns")) * 1e-9  # 6.6 + 0.6 us
+        link = p.get("fabric.link_bandwidth_gb_per_s") * 1e9
+        exchanges = _lines(out, "pooled_all_to_all ")
+        assert exchanges
+        for fields in exchanges:
+            largest, modeled = int(fields[2]), float(fields[4])
+            assert largest > 0
+            assert modeled == pytest.approx(latency + largest / link, rel=1e-9)
