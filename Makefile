@@ -68,11 +68,12 @@ ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
 
 sanitize: system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
+	$(PYTHON) -m pip install -q --no-deps -r requirements-torchrec.txt
 	cmake -S . -B $(ASAN_BUILD_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZION_SANITIZE=ON \
 		-DZION_EXTENSION_DIR=$(abspath $(ASAN_PKG)) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
 	cmake --build $(ASAN_BUILD_DIR)/cmake --target _C
 	cp $(ASAN_BUILD_DIR)/cmake/libzion_emu.so $(ASAN_PKG)/
-	for f in zion_emu/*.py zion_emu/cli zion_emu/platforms; do ln -sfn $(abspath .)/$$f $(ASAN_PKG)/; done
+	for f in zion_emu/*; do case $$f in *.so|*/__pycache__) ;; *) ln -sfn $(abspath .)/$$f $(ASAN_PKG)/;; esac; done
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake PYTHONPATH=$(abspath $(ASAN_BUILD_DIR))/pkg \
