@@ -6,6 +6,7 @@ module ``torch.zion``, and the generated Tensor methods (``.zion()``,
 from __future__ import annotations
 
 import atexit
+import sys
 
 import torch
 
@@ -27,6 +28,13 @@ def register() -> None:
     torch._register_device_module("zion", zion_device)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     from zion_emu import distributed  # noqa: F401  (registers the "zion" torch.distributed backend)
+    from zion_emu import comm
+
+    # torch.zion.comm, as torch.cuda.comm; torch.nn.parallel's comm functions
+    # send zion tensors to it (DataParallel, replicate, scatter, gather).
+    comm.install()
+    zion_device.comm = comm
+    sys.modules["torch.zion.comm"] = comm
 
     # Before finalization: autograd's zion worker threads must not be holding
     # a finished backward pass (and its Python objects) when the interpreter
