@@ -185,6 +185,18 @@ def test_copies_sharing_a_link_share_it_when_issued_at_once_and_queue_when_issue
     assert _C.device.stream_time(0, s2.stream_id) - t0 == pytest.approx(launch + 2 * busy + latency, rel=1e-9)
 
 
+def test_copies_issued_at_once_onto_one_stream_run_side_by_side_as_one_grouped_kernel():
+    launch, link_bw, latency = fields()
+    size = 1 << 24
+    sources = [torch.empty(size // 4, device=f"zion:{k}") for k in DEVICES[1:]]
+    landed = [torch.empty(size // 4, device="zion:0") for _ in sources]
+    t0 = settle()
+    # reduce_add's copies: zion:1..7 -> zion:0's current stream, each over its
+    # own link; the stream is done when the last issued (after 7 launches) is.
+    torch.ops.zion.copy_batch(sources, landed, [])
+    assert _C.device.stream_time(0) - t0 == pytest.approx(7 * launch + latency + size / link_bw, rel=1e-9)
+
+
 def test_a_peer_copy_runs_on_the_source_stream_behind_a_two_way_barrier_as_cuda_does():
     launch, link_bw, latency = fields()
     size = 1 << 24

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -202,11 +203,18 @@ void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef strea
   std::lock_guard<std::mutex> lock(occ.mutex);
   size_occupancy(occ, rt.topology);
   std::vector<sim::Transfer> transfers;
-  std::map<std::pair<int, int>, int> last_on_stream;  // (device, stream) -> its latest transfer in the batch
+  std::vector<sim::Interval> local(copies.size());  // copies within one device
   sim::Seconds host = rt.timeline.host();
-  for (Copy& c : copies) {
+  for (size_t i = 0; i < copies.size(); ++i) {
+    Copy& c = copies[i];
     host += launch;  // the host issues the copies one after another
-    if (c.source == c.device) continue;
+    sim::Seconds stream_ready = rt.timeline.stream_time(c.device, c.stream);
+    if (c.source == c.device) {
+      // Within one device: HBM read and write.
+      local[i].start = std::max(host, stream_ready);
+      local[i].end = local[i].start + 2 * c.bytes / rt.platform.oam.hbm_bandwidth;
+      continue;
+    }
     int src_vertex = sim::device_vertex(rt.topology, rt.platform, c.source);
     int dst_vertex = sim::device_vertex(rt.topology, rt.platform, c.device);
     c.route = &rt.topology.route(src_vertex, dst_vertex);
@@ -216,35 +224,46 @@ void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef strea
     t.bytes = c.bytes;
     // The bytes are ready once the source's current stream has made them.
     int source_stream = static_cast<int>(current_stream(c.source).id());
-    t.not_before = std::max({host, rt.timeline.stream_time(c.device, c.stream),
-                             rt.timeline.stream_time(c.source, source_stream), route_free_at(occ, *c.route)});
-    // Copies on one stream run in the order they were issued.
-    auto key = std::make_pair(c.device, c.stream);
-    if (auto it = last_on_stream.find(key); it != last_on_stream.end()) t.deps.push_back(it->second);
+    t.not_before = std::max({host, stream_ready, rt.timeline.stream_time(c.source, source_stream),
+                             route_free_at(occ, *c.route)});
     c.transfer = static_cast<int>(transfers.size());
-    last_on_stream[key] = c.transfer;
     transfers.push_back(std::move(t));
   }
   sim::SimulationResult shared = sim::simulate(rt.topology, transfers, sim::LinkModel::kFair);
 
-  const int label = copy_label(rt, "D2D");
+  // The copies landing on one stream are one piece of work there (as one
+  // grouped NCCL kernel): they run side by side, and the stream is done when
+  // the last of them is. One span per stream, from its first start to its
+  // last end.
+  struct StreamWork {
+    sim::Interval span{std::numeric_limits<double>::infinity(), 0};
+    uint32_t classes = 0;
+  };
+  std::map<std::pair<int, int>, StreamWork> work;
   const auto& all_links = rt.topology.links();
-  for (const Copy& c : copies) {
-    if (c.route == nullptr) {
-      // Within one device: HBM read and write.
-      rt.timeline.launch(c.device, c.stream, launch, 2 * c.bytes / rt.platform.oam.hbm_bandwidth, 0,
-                         sim::Activity::kCopy, label);
-    } else {
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Copy& c = copies[i];
+    sim::Interval in = local[i];
+    StreamWork& w = work[{c.device, c.stream}];
+    if (c.route != nullptr) {
       const sim::TransferTiming& at = shared.timings[c.transfer];
-      rt.timeline.launch(c.device, c.stream, launch, at.end - at.start, at.start, sim::Activity::kCopy, label,
-                         route_classes(*c.route, all_links));
+      in = {at.start, at.end};
+      w.classes |= route_classes(*c.route, all_links);
       // A path's links carry the copy's bytes until its latency before the end.
       for (const auto& path : c.route->paths) {
         for (int l : path.links) occ.free_at[l] = std::max(occ.free_at[l], at.end - path.latency);
       }
       count_route(rt, *c.route, c.bytes);
     }
+    w.span.start = std::min(w.span.start, in.start);
+    w.span.end = std::max(w.span.end, in.end);
     rt.timeline.count_copy(c.device, c.bytes);
+  }
+  rt.timeline.advance_host(launch * static_cast<double>(copies.size()));
+  const int label = copy_label(rt, "D2D");
+  for (const auto& [stream, w] : work) {
+    rt.timeline.record(stream.first, stream.second, w.span, sim::Activity::kCopy, label, w.classes);
+    rt.timeline.stream_wait_until(stream.first, stream.second, w.span.end);
   }
 }
 

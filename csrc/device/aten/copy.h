@@ -31,8 +31,10 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
 // no earlier than the host has issued it, that stream and the source's
 // current stream are ready, and the FIFO copies before it have left its
 // links; the batch then shares links by max-min fair share (sim::simulate,
-// LinkModel::kFair), and later single copies queue behind it. Copies on one
-// stream run in order. Bytes count on the destination device.
+// LinkModel::kFair), and later single copies queue behind it. The copies
+// landing on one stream are one piece of work there, as a grouped NCCL
+// kernel is: side by side, the stream done when the last is. Bytes count on
+// the destination device.
 void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef streams);
 
 // When each link of the node becomes free of the copies queued on it (by
