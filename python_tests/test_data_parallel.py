@@ -90,8 +90,9 @@ def test_parallel_apply_runs_each_replica_on_its_devices_current_stream(recordin
     devices = [0, 3, 5]
     streams = {d: torch.zion.Stream(d) for d in devices}
     previous = {d: torch.zion.current_stream(d) for d in devices}
+    current_device = torch.zion.current_device()
     for s in streams.values():
-        torch.accelerator.set_stream(s)
+        torch.accelerator.set_stream(s)  # also makes its device current
     try:
         t0 = settle()
         replicas = replicate(model, devices)
@@ -101,12 +102,22 @@ def test_parallel_apply_runs_each_replica_on_its_devices_current_stream(recordin
     finally:
         for s in previous.values():
             torch.accelerator.set_stream(s)
+        torch.zion.set_device(current_device)
     assert result.device == torch.device("zion:3")
     torch.testing.assert_close(result.cpu(), model.cpu()(x), rtol=1e-6, atol=1e-6)
     s = spans_since(t0)
     for d in devices:
         ops = {int(st) for dev, st, act in zip(s["device"], s["stream"], s["activity"]) if dev == d and act == COMPUTE}
         assert ops == {streams[d].stream_id}, (d, ops)
+
+
+def test_data_parallel_takes_a_host_batch():
+    # Scatter copies host chunks on background streams and record_stream()s them.
+    model, x, _ = model_and_batch(5)
+    want = model(x)
+    out = DataParallel(model.to("zion:0"), device_ids=[0, 1, 2])(x)
+    assert out.device == torch.device("zion:0")
+    torch.testing.assert_close(out.cpu(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_functional_data_parallel_puts_the_output_where_asked():

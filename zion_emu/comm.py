@@ -20,6 +20,7 @@ reduce_add copy with ``Tensor.to``, which it records; gather always does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -79,22 +80,14 @@ def _copy_into(src: torch.Tensor, dsts: Sequence[torch.Tensor], streams: Sequenc
             d.copy_(src, non_blocking=True)
 
 
-class _on_stream:  # noqa: N801  (a context manager, named as torch.cuda.stream)
-    """Makes stream ``stream_id`` of zion device ``device`` current (-1: leaves it)."""
-
-    def __init__(self, device: int, stream_id: int) -> None:
-        self.device, self.stream_id = device, stream_id
-        self.previous: torch.Stream | None = None
-
-    def __enter__(self) -> None:
-        if self.stream_id >= 0:
-            self.previous = torch.accelerator.current_stream(self.device)
-            torch.accelerator.set_stream(torch.Stream(stream_id=self.stream_id, device_index=self.device,
-                                                      device_type=self.previous.device_type))
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            torch.accelerator.set_stream(self.previous)
+def _on_stream(device: int, stream_id: int) -> contextlib.AbstractContextManager[Any]:
+    """Makes stream ``stream_id`` of zion device ``device`` current (-1: the
+    current one), with torch.Stream's context, which restores the current
+    device and stream after."""
+    if stream_id < 0:
+        return contextlib.nullcontext()
+    current = torch.accelerator.current_stream(device)
+    return torch.Stream(stream_id=stream_id, device_index=device, device_type=current.device_type)
 
 
 def broadcast(tensor: torch.Tensor, devices: Iterable[Any] | None = None, *,
@@ -119,8 +112,11 @@ def broadcast(tensor: torch.Tensor, devices: Iterable[Any] | None = None, *,
             return tuple(out)
         indices = [_get_device_index(d) for d in devices]
         source = tensor.get_device() if _is_zion(tensor) else -1
-        copies = [torch.empty(tensor.shape, dtype=tensor.dtype, device=_zion(i)) for i in indices if i != source]
-        _copy_into(tensor, copies)
+        if tensor.is_sparse:  # one single copy per device
+            copies = [tensor.to(_zion(i)) for i in indices if i != source]
+        else:
+            copies = [torch.empty(tensor.shape, dtype=tensor.dtype, device=_zion(i)) for i in indices if i != source]
+            _copy_into(tensor, copies)
     rest = iter(copies)
     return tuple(tensor if i == source else next(rest) for i in indices)
 
