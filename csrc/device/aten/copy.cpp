@@ -173,9 +173,6 @@ void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef strea
                 "zion: copy_batch copies like to like; copy ", i, " is ", srcs[i].scalar_type(), srcs[i].sizes(),
                 " -> ", dsts[i].scalar_type(), dsts[i].sizes());
   }
-  // The numerics: plain copies, byte for byte.
-  for (size_t i = 0; i < srcs.size(); ++i) cpu_alias(dsts[i]).copy_(cpu_alias(srcs[i]));
-
   Runtime& rt = runtime();
   const sim::Seconds launch = rt.platform.oam.launch_overhead;
   struct Copy {
@@ -196,6 +193,8 @@ void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef strea
     double bytes = static_cast<double>(dsts[i].numel()) * static_cast<double>(dsts[i].element_size());
     copies.push_back({b, stream, a, bytes});
   }
+  // The numerics: plain copies, byte for byte.
+  for (size_t i = 0; i < srcs.size(); ++i) cpu_alias(dsts[i]).copy_(cpu_alias(srcs[i]));
 
   // One lock for the whole batch: no single copy takes the links between the
   // moment the batch reads their free times and the moment it occupies them.
