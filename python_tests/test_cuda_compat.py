@@ -412,11 +412,8 @@ def test_profiler_use_cuda_keeps_cpu_events(compat):
     ("torch.cuda.graph(None)", "torch.cuda.graph"),
     ("torch.cuda.make_graphed_callables(torch.nn.Linear(2, 2), (torch.ones(2),))", "torch.cuda.make_graphed_callables"),
     ("torch.cuda.nccl.all_reduce([torch.ones(2, device='cuda')])", "torch.cuda.nccl.all_reduce"),
-    ("torch._C._broadcast_coalesced([torch.ones(2, device='cuda')], [0, 1], 1024)", "torch._C._broadcast_coalesced"),
-    ("torch.cuda.comm.broadcast(torch.ones(2, device='cuda'), [0, 1])", "torch.cuda.comm.broadcast"),
+    ("torch._C._scatter(torch.ones(2, device='cuda'), [0, 1], None, 0, None)", "torch._C._scatter"),
     ("torch.cuda.utilization()", "torch.cuda.utilization"),
-    ("torch.nn.DataParallel(torch.nn.Linear(2, 2).cuda(), device_ids=[0, 1])(torch.ones(4, 2, device='cuda'))",
-     "torch.cuda.comm."),
 ])
 def test_cuda_only_calls_raise_naming_the_call(compat, call, name):
     compat.check(f"""
@@ -427,6 +424,23 @@ def test_cuda_only_calls_raise_naming_the_call(compat, call, name):
             assert {name!r} in str(e) and "has no zion equivalent" in str(e), str(e)
         else:
             raise AssertionError("no error")
+    """)
+
+
+def test_torch_cuda_comm_and_data_parallel_run_on_zion(compat):
+    compat.check("""
+        import torch, torch.cuda.comm
+        x = torch.arange(6.0, device="cuda").reshape(3, 2)
+        copies = torch.cuda.comm.broadcast(x, [0, 1, 2])
+        assert copies[0] is x and [c.device.index for c in copies] == [0, 1, 2]
+        assert all(torch.equal(c.cpu(), x.cpu()) for c in copies)
+        coalesced = torch._C._broadcast_coalesced([x], [0, 3], 1024)
+        assert str(coalesced[1][0].device) == "zion:3" and torch.equal(coalesced[1][0].cpu(), x.cpu())
+        m = torch.nn.Linear(2, 2).cuda()
+        out = torch.nn.DataParallel(m, device_ids=[0, 1])(torch.ones(4, 2, device="cuda"))
+        assert str(out.device) == "zion:0" and torch.allclose(out.cpu(), m.cpu()(torch.ones(4, 2)))
+        assert report.remapped()["torch.cuda.comm.broadcast"] == 1
+        assert report.remapped()["torch._C._broadcast_coalesced"] == 1
     """)
 
 

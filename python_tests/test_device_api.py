@@ -87,6 +87,12 @@ def test_current_stream_and_stream_context():
         assert torch.zion.current_stream() == s
         assert torch.accelerator.current_stream() == s
     assert torch.zion.current_stream() == default
+    # A stream of another device makes that device current inside, as
+    # torch.cuda.stream does, and both come back after.
+    other = torch.zion.Stream(6)
+    with torch.zion.stream(other):
+        assert torch.zion.current_device() == 6 and torch.zion.current_stream() == other
+    assert torch.zion.current_device() == 0 and torch.zion.current_stream(6).stream_id == 0
 
 
 def test_event_elapsed_time_is_modeled_milliseconds():

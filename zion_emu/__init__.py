@@ -54,9 +54,9 @@ __all__ = [
 # __getattr__ when first named (PEP 562): the CLI, the report and the CUDA
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
-    "astra", "breakdown", "cli", "cost", "cuda_compat", "data", "device", "distributed", "inductor", "iterations",
-    "launch", "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "torchrec", "trace",
-    "virtual_clock",
+    "astra", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed", "inductor",
+    "iterations", "launch", "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "torchrec",
+    "trace", "virtual_clock",
 )
 
 

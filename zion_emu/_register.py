@@ -6,6 +6,7 @@ module ``torch.zion``, and the generated Tensor methods (``.zion()``,
 from __future__ import annotations
 
 import atexit
+import sys
 
 import torch
 
@@ -30,6 +31,14 @@ def register() -> None:
     from zion_emu import inductor
 
     inductor.install_on_import()  # torch.compile's inductor lowers zion graphs as CPU, priced on zion
+
+    from zion_emu import comm
+
+    # torch.zion.comm, as torch.cuda.comm; torch.nn.parallel's comm functions
+    # send zion tensors to it (DataParallel, replicate, scatter, gather).
+    comm.install()
+    zion_device.comm = comm
+    sys.modules["torch.zion.comm"] = comm
 
     # Before finalization: autograd's zion worker threads must not be holding
     # a finished backward pass (and its Python objects) when the interpreter

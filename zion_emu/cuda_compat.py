@@ -21,11 +21,14 @@ What is remapped, in this process only (opt-in; nothing changes until
 - the ``nccl`` backend (and ``backend=None``) of ``init_process_group``,
   ``new_group``, ``new_subgroups``; ``init_device_mesh("cuda", ...)``;
 - profiler ``use_cuda`` / ``ProfilerActivity.CUDA``: CPU events only (the zion
-  device records no device-side profiler events).
+  device records no device-side profiler events);
+- ``torch.cuda.comm`` and ``torch._C._broadcast_coalesced``: zion's
+  (:mod:`zion_emu.comm`, ``torch.zion.comm``), which ``nn.DataParallel``
+  reaches through ``torch.nn.parallel.comm`` with or without cuda-compat.
 
 CUDA-only calls with no zion equivalent (CUDA graphs, ``torch.cuda.nccl``,
-``nn.DataParallel``'s scatter/broadcast kernels in ``torch._C``, compute
-capability, NVML queries, ...) raise :class:`CudaOnlyError` naming the call.
+the other comm kernels of ``torch._C``, compute capability, NVML queries,
+...) raise :class:`CudaOnlyError` naming the call.
 cuDNN flags (``torch.backends.cudnn.*``) are left alone: setting them does
 nothing on zion.
 
@@ -478,10 +481,9 @@ _CUDA_ONLY_CUDA = {
     "graph": "", "graph_pool_handle": "", "make_graphed_callables": "", "CUDAGraph": "",
     "caching_allocator_alloc": "", "caching_allocator_delete": "", "set_per_process_memory_fraction": "",
 }
-_DATA_PARALLEL = "nn.DataParallel scatters and replicates with these; use DistributedDataParallel (zion backend)"
-_CUDA_ONLY_COMM = ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter", "gather")
-_CUDA_ONLY_C = ("_broadcast_coalesced", "_broadcast", "_broadcast_out", "_scatter", "_scatter_out", "_gather",
-                "_gather_out")
+_COMM_KERNEL = "torch.cuda.comm (torch.zion.comm) broadcasts, scatters and gathers on zion"
+_CUDA_COMM = ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter", "gather")
+_CUDA_ONLY_C = ("_broadcast", "_broadcast_out", "_scatter", "_scatter_out", "_gather", "_gather_out")
 _CUDA_ONLY_NCCL = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "version", "unique_id",
                    "init_rank", "is_available")
 
@@ -490,17 +492,21 @@ def _patch_cuda_only() -> None:
     import torch.cuda.comm
     import torch.cuda.graphs
     import torch.cuda.nccl
-    import torch.nn.parallel.comm as comm
 
     for name, instead in _CUDA_ONLY_CUDA.items():
         _patch(torch.cuda, name, _cuda_only(f"torch.cuda.{name}", instead), f"torch.cuda.{name} (error)")
         if hasattr(torch.cuda.graphs, name):
             setattr(torch.cuda.graphs, name, getattr(torch.cuda, name))
-    for name in _CUDA_ONLY_COMM:
-        _patch(comm, name, _cuda_only(f"torch.cuda.comm.{name}", _DATA_PARALLEL), f"torch.cuda.comm.{name} (error)")
-        setattr(torch.cuda.comm, name, getattr(comm, name))
+    from zion_emu import comm as zion_comm
+
+    # torch.nn.parallel.comm already sends zion tensors to zion's (comm.install).
+    for name in _CUDA_COMM:
+        _patch(torch.cuda.comm, name, _counted(getattr(zion_comm, name), f"torch.cuda.comm.{name}"),
+               f"torch.cuda.comm.{name}")
+    _patch(torch._C, "_broadcast_coalesced", _counted(zion_comm.broadcast_coalesced, "torch._C._broadcast_coalesced"),
+           "torch._C._broadcast_coalesced")
     for name in _CUDA_ONLY_C:
-        _patch(torch._C, name, _cuda_only(f"torch._C.{name}", _DATA_PARALLEL), f"torch._C.{name} (error)")
+        _patch(torch._C, name, _cuda_only(f"torch._C.{name}", _COMM_KERNEL), f"torch._C.{name} (error)")
     for name in _CUDA_ONLY_NCCL:
         _patch(torch.cuda.nccl, name, _cuda_only(f"torch.cuda.nccl.{name}", "use torch.distributed with the 'nccl' "
                                                  "backend name, which cuda-compat maps to 'zion'"),

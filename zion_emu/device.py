@@ -145,12 +145,11 @@ def stream(s: torch.Stream | None) -> Iterator[None]:
     if s is None:
         yield
         return
-    previous = torch.accelerator.current_stream(s.device)
-    torch.accelerator.set_stream(s)
-    try:
+    # torch.Stream's own context, as torch.cuda.stream's: makes s and its
+    # device current, then restores the device and that device's stream
+    # (torch.accelerator.set_stream alone would leave s's device current).
+    with s:
         yield
-    finally:
-        torch.accelerator.set_stream(previous)
 
 
 # Random numbers: each device's default generator holds a CPU generator's

@@ -1,7 +1,7 @@
 // Bindings: the zion device's runtime (platform, devices, memory, clocks,
-// the op cost model). No tensor crosses this boundary and the default
-// generators cross only through the dispatcher (an op returning them), so this
-// file needs no torch Python headers.
+// the op cost model). Tensors and the default generators cross only through
+// the dispatcher (ops taking or returning them), so this file needs no torch
+// Python headers.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -42,7 +42,17 @@ at::Generator default_generator_op(int64_t index) {
   return device::default_generator(static_cast<c10::DeviceIndex>(index));
 }
 
-TORCH_LIBRARY_FRAGMENT(zion, m) { m.def("default_generator(int index) -> Generator?", &default_generator_op); }
+// Copies issued at once (device/aten/copy.h): torch.ops.zion.copy_batch, so
+// that tensors cross through the dispatcher and this file needs no torch
+// Python headers. torch.zion.comm (zion_emu/comm.py) calls it.
+void copy_batch_op(at::TensorList src, at::TensorList dst, c10::IntArrayRef streams) {
+  device::copy_batch(src, dst, streams);
+}
+
+TORCH_LIBRARY_FRAGMENT(zion, m) {
+  m.def("default_generator(int index) -> Generator?", &default_generator_op);
+  m.def("copy_batch(Tensor[] src, Tensor(a!)[] dst, int[] streams) -> ()", &copy_batch_op);
+}
 
 }  // namespace
 

@@ -1,20 +1,28 @@
 #include "device/aten/copy.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "device/runtime/host_memory.h"
 #include "device/runtime/runtime.h"
 #include "device/runtime/stream.h"
 #include "device/aten/tensor_alias.h"
+#include "sim/link_model.h"
 #include "sim/platform_topology.h"
 
 namespace zion::device {
 namespace {
 
-// Copies occupy the links of their route one after another (FIFO), so two
-// copies over one link on two streams take twice as long as one.
+// Copies issued one by one occupy the links of their route one after another
+// (FIFO), so two copies over one link on two streams take twice as long as
+// one. A batch issued at once (copy_batch) shares its links by max-min fair
+// share instead, and leaves the links busy until its bytes are through.
 struct LinkOccupancy {
   std::mutex mutex;
   std::vector<sim::Seconds> free_at;
@@ -28,32 +36,56 @@ LinkOccupancy& links() {
 // The span label of a kind of copy: "copy H2D", "copy D2H", "copy D2D".
 int copy_label(Runtime& rt, const char* kind) { return rt.timeline.label(std::string("copy ") + kind); }
 
-// Issues a transfer from vertex `src` to vertex `dst` on (device, stream).
-// The bytes split evenly over the route's equal-cost paths.
-void transfer(Runtime& rt, int device, int stream, int src, int dst, double bytes, int label) {
-  const sim::Route& route = rt.topology.route(src, dst);
-  const auto& all_links = rt.topology.links();
-  LinkOccupancy& occ = links();
-  std::lock_guard<std::mutex> lock(occ.mutex);
-  if (occ.free_at.size() != all_links.size()) occ.free_at.assign(all_links.size(), 0);
-  sim::Seconds ready = 0;
-  for (const auto& path : route.paths) {
-    for (int l : path.links) ready = std::max(ready, occ.free_at[l]);
-  }
-  sim::Seconds busy = bytes / route.bandwidth;
+// Bit c set for each link class c (< 32) the route crosses.
+uint32_t route_classes(const sim::Route& route, const std::vector<sim::Link>& all_links) {
   uint32_t classes = 0;
   for (const auto& path : route.paths) {
     for (int l : path.links) classes |= all_links[l].link_class < 32 ? 1u << all_links[l].link_class : 0u;
   }
-  sim::Interval in = rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, route.latency + busy, ready,
-                                        sim::Activity::kCopy, label, classes);
+  return classes;
+}
+
+// The link counters of one transfer: its bytes split evenly over the paths.
+void count_route(Runtime& rt, const sim::Route& route, double bytes) {
+  const auto& all_links = rt.topology.links();
   double per_path = bytes / static_cast<double>(route.paths.size());
   for (const auto& path : route.paths) {
-    for (int l : path.links) {
-      occ.free_at[l] = in.start + busy;
-      rt.timeline.count_link(all_links[l].link_class, per_path, per_path / all_links[l].bandwidth);
-    }
+    for (int l : path.links) rt.timeline.count_link(all_links[l].link_class, per_path, per_path / all_links[l].bandwidth);
   }
+}
+
+// `occ` sized for the topology; the caller holds its lock.
+void size_occupancy(LinkOccupancy& occ, const sim::Topology& topology) {
+  if (occ.free_at.size() != topology.links().size()) occ.free_at.assign(topology.links().size(), 0);
+}
+
+// When every link of the route is free of the copies queued on it.
+sim::Seconds route_free_at(const LinkOccupancy& occ, const sim::Route& route) {
+  sim::Seconds ready = 0;
+  for (const auto& path : route.paths) {
+    for (int l : path.links) ready = std::max(ready, occ.free_at[l]);
+  }
+  return ready;
+}
+
+// Issues a transfer from vertex `src` to vertex `dst` on (device, stream), no
+// earlier than `not_before`. The bytes split evenly over the route's
+// equal-cost paths.
+sim::Interval transfer(Runtime& rt, int device, int stream, int src, int dst, double bytes, int label,
+                       sim::Seconds not_before = 0) {
+  const sim::Route& route = rt.topology.route(src, dst);
+  LinkOccupancy& occ = links();
+  std::lock_guard<std::mutex> lock(occ.mutex);
+  size_occupancy(occ, rt.topology);
+  sim::Seconds ready = std::max(not_before, route_free_at(occ, route));
+  sim::Seconds busy = bytes / route.bandwidth;
+  sim::Interval in = rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, route.latency + busy, ready,
+                                        sim::Activity::kCopy, label, route_classes(route, rt.topology.links()));
+  for (const auto& path : route.paths) {
+    for (int l : path.links) occ.free_at[l] = in.start + busy;
+  }
+  count_route(rt, route, bytes);
+  return in;
 }
 
 }  // namespace
@@ -86,11 +118,21 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
       // Within one device: HBM read and write.
       rt.timeline.launch(device, stream, rt.platform.oam.launch_overhead, 2 * bytes / rt.platform.oam.hbm_bandwidth, 0,
                          sim::Activity::kCopy, copy_label(rt, "D2D"));
-    } else {
-      transfer(rt, device, stream, sim::device_vertex(rt.topology, rt.platform, a),
-               sim::device_vertex(rt.topology, rt.platform, b), bytes, copy_label(rt, "D2D"));
+      rt.timeline.count_copy(device, bytes);
+      return;
     }
-    rt.timeline.count_copy(device, bytes);
+    // Between devices, as CUDA's copy_ does a peer copy (ATen's Copy.cu): on
+    // the source's current stream, after a two-way barrier. The copy waits
+    // for the destination's current stream (nobody may still use the
+    // destination's memory), and that stream waits for the copy. Copies from
+    // several devices therefore run side by side on their sources' streams;
+    // copies into one device's current stream run one after another.
+    int src_stream = static_cast<int>(current_stream(a).id());
+    sim::Seconds dst_ready = rt.timeline.stream_time(b, stream);
+    sim::Interval in = transfer(rt, a, src_stream, sim::device_vertex(rt.topology, rt.platform, a),
+                                sim::device_vertex(rt.topology, rt.platform, b), bytes, copy_label(rt, "D2D"), dst_ready);
+    rt.timeline.stream_wait_until(b, stream, in.end);
+    rt.timeline.count_copy(a, bytes);
     return;
   }
   const at::Tensor& host = to_zion ? src : dst;
@@ -116,6 +158,112 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
   if (!non_blocking || !pinned) rt.timeline.wait_stream(device, stream);
   if (!to_zion) rt.timeline.advance_host(staging);
   rt.timeline.count_copy(device, bytes);
+}
+
+void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef streams) {
+  TORCH_CHECK(srcs.size() == dsts.size(), "zion: copy_batch takes one destination per source; got ", srcs.size(),
+              " sources and ", dsts.size(), " destinations");
+  TORCH_CHECK(streams.empty() || streams.size() == srcs.size(), "zion: copy_batch takes one stream per copy (or none); got ",
+              streams.size(), " streams for ", srcs.size(), " copies");
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    TORCH_CHECK(srcs[i].device().is_privateuseone() && dsts[i].device().is_privateuseone(),
+                "zion: copy_batch copies between zion tensors; copy ", i, " is ", srcs[i].device(), " -> ",
+                dsts[i].device());
+    TORCH_CHECK(srcs[i].sizes().equals(dsts[i].sizes()) && srcs[i].scalar_type() == dsts[i].scalar_type(),
+                "zion: copy_batch copies like to like; copy ", i, " is ", srcs[i].scalar_type(), srcs[i].sizes(),
+                " -> ", dsts[i].scalar_type(), dsts[i].sizes());
+  }
+  Runtime& rt = runtime();
+  const sim::Seconds launch = rt.platform.oam.launch_overhead;
+  struct Copy {
+    int device, stream, source;
+    double bytes;
+    const sim::Route* route = nullptr;  // null: within one device
+    int transfer = -1;                  // index in the link model's batch
+  };
+  std::vector<Copy> copies;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    int a = srcs[i].device().index(), b = dsts[i].device().index();
+    int stream = static_cast<int>(current_stream(b).id());
+    if (!streams.empty() && streams[i] >= 0) {
+      TORCH_CHECK(streams[i] < rt.timeline.streams(b), "zion: copy_batch: copy ", i, " names stream ", streams[i],
+                  " of zion:", b, ", which has ", rt.timeline.streams(b), " streams");
+      stream = static_cast<int>(streams[i]);
+    }
+    double bytes = static_cast<double>(dsts[i].numel()) * static_cast<double>(dsts[i].element_size());
+    copies.push_back({b, stream, a, bytes});
+  }
+  // The numerics: plain copies, byte for byte.
+  for (size_t i = 0; i < srcs.size(); ++i) cpu_alias(dsts[i]).copy_(cpu_alias(srcs[i]));
+
+  // One lock for the whole batch: no single copy takes the links between the
+  // moment the batch reads their free times and the moment it occupies them.
+  LinkOccupancy& occ = links();
+  std::lock_guard<std::mutex> lock(occ.mutex);
+  size_occupancy(occ, rt.topology);
+  std::vector<sim::Transfer> transfers;
+  std::vector<sim::Interval> local(copies.size());  // copies within one device
+  sim::Seconds host = rt.timeline.host();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    Copy& c = copies[i];
+    host += launch;  // the host issues the copies one after another
+    sim::Seconds stream_ready = rt.timeline.stream_time(c.device, c.stream);
+    if (c.source == c.device) {
+      // Within one device: HBM read and write.
+      local[i].start = std::max(host, stream_ready);
+      local[i].end = local[i].start + 2 * c.bytes / rt.platform.oam.hbm_bandwidth;
+      continue;
+    }
+    int src_vertex = sim::device_vertex(rt.topology, rt.platform, c.source);
+    int dst_vertex = sim::device_vertex(rt.topology, rt.platform, c.device);
+    c.route = &rt.topology.route(src_vertex, dst_vertex);
+    sim::Transfer t;
+    t.src = src_vertex;
+    t.dst = dst_vertex;
+    t.bytes = c.bytes;
+    // The bytes are ready once the source's current stream has made them.
+    int source_stream = static_cast<int>(current_stream(c.source).id());
+    t.not_before = std::max({host, stream_ready, rt.timeline.stream_time(c.source, source_stream),
+                             route_free_at(occ, *c.route)});
+    c.transfer = static_cast<int>(transfers.size());
+    transfers.push_back(std::move(t));
+  }
+  sim::SimulationResult shared = sim::simulate(rt.topology, transfers, sim::LinkModel::kFair);
+
+  // The copies landing on one stream are one piece of work there (as one
+  // grouped NCCL kernel): they run side by side, and the stream is done when
+  // the last of them is. One span per stream, from its first start to its
+  // last end.
+  struct StreamWork {
+    sim::Interval span{std::numeric_limits<double>::infinity(), 0};
+    uint32_t classes = 0;
+  };
+  std::map<std::pair<int, int>, StreamWork> work;
+  const auto& all_links = rt.topology.links();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Copy& c = copies[i];
+    sim::Interval in = local[i];
+    StreamWork& w = work[{c.device, c.stream}];
+    if (c.route != nullptr) {
+      const sim::TransferTiming& at = shared.timings[c.transfer];
+      in = {at.start, at.end};
+      w.classes |= route_classes(*c.route, all_links);
+      // A path's links carry the copy's bytes until its latency before the end.
+      for (const auto& path : c.route->paths) {
+        for (int l : path.links) occ.free_at[l] = std::max(occ.free_at[l], at.end - path.latency);
+      }
+      count_route(rt, *c.route, c.bytes);
+    }
+    w.span.start = std::min(w.span.start, in.start);
+    w.span.end = std::max(w.span.end, in.end);
+    rt.timeline.count_copy(c.device, c.bytes);
+  }
+  rt.timeline.advance_host(launch * static_cast<double>(copies.size()));
+  const int label = copy_label(rt, "D2D");
+  for (const auto& [stream, w] : work) {
+    rt.timeline.record(stream.first, stream.second, w.span, sim::Activity::kCopy, label, w.classes);
+    rt.timeline.stream_wait_until(stream.first, stream.second, w.span.end);
+  }
 }
 
 }  // namespace zion::device

@@ -129,6 +129,16 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return dst;
 }
 
+// Tensor.record_stream (torch.nn.parallel's Scatter calls it): nothing to
+// do. A CUDA caching allocator must not hand a block to new work before the
+// streams that still use it are done. A zion op has read and written its
+// bytes when it returns (only its time is on the virtual streams), so memory
+// freed and reused at once can corrupt no pending work.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1, "zion: record_stream takes a zion stream, got ",
+              stream);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -146,6 +156,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", &local_scalar_dense);
   m.impl("_copy_from", &copy_from);
   m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("record_stream", &record_stream);
 }
 
 }  // namespace zion::device
