@@ -18,12 +18,11 @@ compiled exactly as before.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
+
+from zion_emu import _after_import
 
 __all__ = ["fallbacks", "install_on_import"]
 
@@ -54,41 +53,7 @@ def _wrap(module: ModuleType) -> None:
     module.compile_fx = compile_fx
 
 
-class _WrapAfterExec(importlib.abc.Loader):
-    """The loader of torch._inductor.compile_fx, which wraps compile_fx once
-    the module has run; anything else is the real loader's."""
-
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        _wrap(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for tracebacks and inspect
-        return getattr(self.inner, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _COMPILE_FX:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _WrapAfterExec(spec.loader)
-        return spec
-
-
 def install_on_import() -> None:
     """Wraps inductor's compile_fx now if it is imported, else when it is."""
-    module = sys.modules.get(_COMPILE_FX)
-    if module is not None:
-        _wrap(module)
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    _after_import.after_import(_COMPILE_FX, _wrap)
 
