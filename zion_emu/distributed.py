@@ -27,6 +27,15 @@ are priced over the platform's NICs; for more than one node pick a platform
 that has them, e.g. ``ZION_PLATFORM=zionex`` or a file
 ``{"base": "zion", "nodes": 2}``.
 
+A world bigger than its processes: with ``ZION_PRESENT_RANKS`` (what
+``zion-emu run --world-size N --ranks LIST`` sets in each rank) only the
+listed global ranks run; a group's inner gloo holds its present ranks alone,
+and every collective is priced for all of the group's ranks, the absent ones
+placed by their rank (node by node). What absent ranks contribute to the
+data, and that point-to-point with one is refused, is in csrc/dist
+(process_group_zion.h); the README's "Worlds bigger than the processes"
+states the assumptions.
+
 The model: each group prices its collectives with one algorithm and one link
 model. ``pg_options=Options(algorithm="ring", link_model="unaware")`` chooses
 them for a group (``init_process_group`` or ``new_group``); what it leaves out
@@ -53,6 +62,8 @@ BACKEND = "zion"
 LINK_MODEL_ENV = "ZION_LINK_MODEL"
 # The link model's variable before it was named for it; read when LINK_MODEL_ENV is unset.
 LEGACY_LINK_MODEL_ENV = "ZION_COLLECTIVE_MODE"
+# The global ranks that run as processes, e.g. "0,8"; unset: every rank runs.
+PRESENT_RANKS_ENV = "ZION_PRESENT_RANKS"
 _registered = False
 
 
@@ -123,6 +134,24 @@ def _group_model(backend_options: Any) -> tuple[str, str]:
     return algorithm, link_model
 
 
+def present_ranks(world_size: int) -> list[int] | None:
+    """The global ranks that run as processes (``ZION_PRESENT_RANKS``, checked
+    against ``world_size``), or None when every rank runs."""
+    value = os.environ.get(PRESENT_RANKS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        ranks = sorted({int(r) for r in value.split(",")})
+    except ValueError:
+        raise ValueError(f"zion backend: {PRESENT_RANKS_ENV}={value!r}: expected global ranks separated by commas, "
+                         "e.g. 0,8") from None
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"zion backend: {PRESENT_RANKS_ENV} names rank(s) {bad} outside the world of {world_size} "
+                         f"(0..{world_size - 1})")
+    return ranks
+
+
 def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
     """torch.distributed's factory (extended API): one ProcessGroupZion per group;
     ``backend_options`` is the group's ``pg_options`` (an :class:`Options` or None)."""
@@ -131,10 +160,23 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
     algorithm, link_model = _group_model(backend_options)
     rank, size = opts.group_rank, opts.group_size
     timeout = opts.timeout if isinstance(opts.timeout, timedelta) else timedelta(seconds=float(opts.timeout))
-    # The inner gloo backend gets a store namespace of its own.
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("zion/gloo/", opts.store), rank, size, timeout)
     global_ranks = list(opts.global_ranks_in_group or [])
     global_rank = global_ranks[rank] if global_ranks else rank
+    # The group ranks that run: all, unless the world is bigger than its processes.
+    world_present = present_ranks(dist.get_world_size() if dist.is_initialized() else
+                                  (len(global_ranks) if global_ranks else size))
+    present: list[int] = []
+    if world_present is not None:
+        if global_rank not in world_present:
+            raise ValueError(f"zion backend: this process is rank {global_rank}, which {PRESENT_RANKS_ENV} "
+                             f"({os.environ[PRESENT_RANKS_ENV]}) does not list")
+        members = global_ranks or list(range(size))
+        present = [g for g, r in enumerate(members) if r in set(world_present)]
+        if len(present) == size:
+            present = []
+    # The inner gloo backend gets a store namespace of its own, and holds the present ranks alone.
+    gloo_rank, gloo_size = (present.index(rank), len(present)) if present else (rank, size)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("zion/gloo/", opts.store), gloo_rank, gloo_size, timeout)
     return _dist.ProcessGroupZion(
         opts.store, gloo, rank, size,
         global_rank=global_rank,
@@ -142,6 +184,8 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         node_rank=_env_int("GROUP_RANK"),
         algorithm=algorithm,
         link_model=link_model,
+        present=present,
+        global_ranks=global_ranks,
     )
 
 

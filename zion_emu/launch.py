@@ -7,6 +7,10 @@ iterations, runs the script as ``__main__``, and at exit -- normal, by
 ``sys.exit``, by an exception or by Ctrl-C -- leaves this rank's snapshot in
 the run directory (``$ZION_RUN_DIR``) for the launcher to merge.
 
+In a world bigger than its processes (``zion-emu run --world-size N
+--ranks LIST``) torchrun numbers the processes 0..P-1; each takes the rank of
+the world it plays before the script starts (:func:`take_world_rank`).
+
 A script may say how many samples one of its iterations processes on this
 rank with :func:`zion_emu.samples_per_iteration` (here too, as
 ``zion_emu.launch.samples_per_iteration``); the report then gives samples/s.
@@ -16,12 +20,14 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import runpy
 import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from zion_emu.iterations import StepClock, samples_per_iteration
 from zion_emu.report import RankStatus
@@ -45,12 +51,36 @@ def _write_snapshot(run_dir: Path, rank: int, steps: StepClock, status: RankStat
     os.replace(tmp, run_dir / f"rank{rank}.json")
 
 
+def take_world_rank(world: dict[str, Any]) -> None:
+    """Makes this process the rank of ``world`` (``world_size``, ``ranks``,
+    ``devices_per_node``) that torchrun's RANK numbers among the listed ones:
+    the script sees RANK, WORLD_SIZE, LOCAL_RANK = RANK % devices_per_node and
+    GROUP_RANK = RANK // devices_per_node, as under torchrun with a node per
+    devices_per_node ranks; the zion backend learns which ranks run."""
+    from zion_emu.distributed import PRESENT_RANKS_ENV
+
+    n, ranks, per_node = int(world["world_size"]), [int(r) for r in world["ranks"]], int(world["devices_per_node"])
+    rank = ranks[int(os.environ.get("RANK", "0"))]
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(n),
+        "LOCAL_RANK": str(rank % per_node), "LOCAL_WORLD_SIZE": str(min(per_node, n)),
+        "GROUP_RANK": str(rank // per_node), "GROUP_WORLD_SIZE": str(math.ceil(n / per_node)),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(n),
+    })
+    if len(ranks) < n:
+        os.environ[PRESENT_RANKS_ENV] = ",".join(map(str, ranks))
+    else:
+        os.environ.pop(PRESENT_RANKS_ENV, None)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m zion_emu.launch script.py [args...]", file=sys.stderr)
         return 2
     run_dir = Path(os.environ[RUN_DIR_ENV])
     options = json.loads((run_dir / OPTIONS_FILE).read_text())
+    if options.get("world"):
+        take_world_rank(options["world"])
     rank = int(os.environ.get("RANK", "0"))
 
     from torch.optim.optimizer import register_optimizer_step_post_hook

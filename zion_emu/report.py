@@ -23,8 +23,8 @@ from zion_emu.iterations import Iterations, mean_iteration_s
 __all__ = [
     "COMMUNICATION", "COMPUTE", "COPY", "DEFAULT_MAX_SPANS", "Breakdown", "DeviceSnapshot", "DeviceSummary",
     "LinkCounters", "LinkSummary", "OpSummary", "RankSnapshot", "RankStatus", "RunReport", "RunStatus",
-    "SocketSnapshot", "SocketSummary", "breakdown", "merge", "snapshot", "start_recording", "union_length",
-    "write_json",
+    "SocketSnapshot", "SocketSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown", "merge", "snapshot",
+    "start_recording", "union_length", "world_summary", "write_json",
 ]
 
 _timeline = _C.timeline
@@ -293,6 +293,54 @@ class RunStatus:
                    {int(r): None if s is None else RankStatus.from_json(s) for r, s in d["ranks"].items()})
 
 
+# What a run with absent ranks (zion-emu run --world-size N --ranks LIST)
+# assumes about them; csrc/dist (process_group_zion.h, handshake.h) does it.
+WORLD_ASSUMPTIONS = (
+    "every collective is priced for all ranks of the world on the platform's topology; an absent rank r sits on "
+    "OAM r % devices-per-node of node r // devices-per-node",
+    "an absent rank arrives at each collective when the latest running rank does",
+    "an absent rank a stands on its counterpart p, the nearest running rank before it (a-1, a-2, ..., cyclically): "
+    "it passes p's dtype, size, root and reduce op",
+    "all-to-all sizes: an absent rank a sends a running rank what that rank expects from a, and an absent rank b "
+    "what p sends to (p + b - a) mod N",
+    "data: all_reduce, reduce and reduce_scatter combine the running ranks' alone; an absent rank's all_gather "
+    "and gather pieces, and a broadcast from an absent root, are its counterpart's; an integer all-to-all piece "
+    "from an absent rank is p's piece for (p + k) mod N, where the receiver is (a + k) mod N (zeros if its size "
+    "differs), a floating-point one zeros; send and recv with an absent rank are refused",
+    "per-device figures, link traffic and top work cover the running ranks only",
+)
+
+
+@dataclass
+class WorldSummary:
+    """The world a run's script saw (``--world-size``): its size, the ranks
+    that ran as processes, those modeled without one (each standing on its
+    counterpart, a running rank), and the assumptions about them."""
+
+    world_size: int
+    ranks: list[int]  # ran as processes
+    modeled_ranks: list[int]  # priced in every collective, with no process
+    counterparts: list[int]  # for each rank of the world, the running rank it stands on (itself when it ran)
+    assumptions: list[str]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WorldSummary:
+        return cls(**d)
+
+
+def world_summary(world_size: int, ranks: Iterable[int]) -> WorldSummary:
+    """The summary of a world of ``world_size`` ranks of which ``ranks`` ran;
+    the counterparts are the backend's (the nearest running rank before,
+    cyclically)."""
+    running = sorted(set(ranks))
+    if not running:
+        raise ValueError("a world needs at least one running rank")
+    counterparts = list(_C.dist.counterparts(world_size, running))  # the backend's own rule
+    present = set(running)
+    modeled = [r for r in range(world_size) if r not in present]
+    return WorldSummary(world_size, running, modeled, counterparts, list(WORLD_ASSUMPTIONS) if modeled else [])
+
+
 @dataclass
 class RunReport:
     """Every rank's snapshot merged: what ``zion-emu run`` prints and ``--report`` writes."""
@@ -313,6 +361,7 @@ class RunReport:
     guessed_ops: dict[str, int]  # most often first
     status: RunStatus | None = field(default=None, metadata=_OMIT_NONE)
     cuda_compat_remapped: dict[str, int] | None = field(default=None, metadata=_OMIT_NONE)
+    world: WorldSummary | None = field(default=None, metadata=_OMIT_NONE)  # --world-size
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -327,6 +376,7 @@ class RunReport:
             "links": [LinkSummary(**x) for x in d["links"]],
             "top_ops": [OpSummary.from_json(x) for x in d["top_ops"]],
             "status": None if d.get("status") is None else RunStatus.from_json(d["status"]),
+            "world": None if d.get("world") is None else WorldSummary.from_json(d["world"]),
         })
 
 

@@ -39,6 +39,31 @@ def _summary(report: RunReport) -> list[str]:
     return lines
 
 
+def rank_ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` as ``0-3, 8``."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _world(report: RunReport) -> list[str]:
+    w = report.world
+    if w is None:
+        return []
+    line = f"world                  {w.world_size} ranks; {len(w.ranks)} ran as processes ({rank_ranges(w.ranks)})"
+    if not w.modeled_ranks:
+        return [line]
+    lines = [line + f", {len(w.modeled_ranks)} modeled without one ({rank_ranges(w.modeled_ranks)})",
+             "assumptions about the modeled ranks:"]
+    return lines + [f"  - {a}" for a in w.assumptions]
+
+
 def _breakdown(report: RunReport) -> list[str]:
     b = report.breakdown
     if b is None:
@@ -96,14 +121,14 @@ def _guessed(report: RunReport) -> list[str]:
 
 
 def format_text(report: RunReport) -> str:
-    """The report as ``zion-emu run`` prints it: the summary, where the time
-    went, then devices, the kernels torch.compile generated, sockets, links,
+    """The report as ``zion-emu run`` prints it: the summary, the world (with
+    ``--world-size``), where the time went, then devices, the kernels torch.compile generated, sockets, links,
     the top work and the guessed ops."""
     lines = []
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
+    for section in (_summary, _world, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"

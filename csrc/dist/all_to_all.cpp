@@ -6,9 +6,17 @@
 // gloo's own list all_to_all takes only equal sizes; the list form goes
 // through gloo's all_to_all_single on one flat buffer per rank instead, which
 // moves the same elements to the same places.
+//
+// With absent ranks (present_ranks.h) gloo moves the pieces between present
+// ranks; a piece from an absent rank a, standing on its counterpart p, is:
+// for integer and bool tensors (lengths, offsets, split sizes a script
+// exchanges before the payload), the piece p sends toward (p + k) mod n,
+// where this rank is (a + k) mod n, if it has the number of elements this
+// rank expects from a, else zeros; for floating-point tensors, zeros.
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "dist/process_group_zion.h"
@@ -60,9 +68,80 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall_base(at::Tensor& outpu
   }
   p.request.bytes = nbytes({input});
   std::vector<at::Tensor> outputs{output}, inputs{input};
+  if (!ranks_.all()) {
+    p.outputs = outputs;
+    p.type = c10d::OpType::ALLTOALL_BASE;
+    return run(std::move(p), [&](const Agreement& agreed) {
+      all_to_all_present(gloo_view(output).view({-1}), gloo_view(input).view({-1}), agreed, opts);
+    });
+  }
   return run_pairs(std::move(p), outputs, inputs, c10d::OpType::ALLTOALL_BASE, [&](at::Tensor& out, at::Tensor& in) {
     return gloo_->alltoall_base(out, in, output_splits, input_splits, opts);
   });
+}
+
+void ProcessGroupZion::all_to_all_present(const at::Tensor& out, const at::Tensor& in, const Agreement& agreed,
+                                          const c10d::AllToAllOptions& opts) {
+  const int n = getSize(), me = getRank();
+  const auto& send = agreed.sides[me].send_counts;
+  const auto& recv = agreed.sides[me].recv_counts;
+  auto offsets = [n](const std::vector<int64_t>& counts) {
+    std::vector<int64_t> at(n + 1, 0);
+    for (int r = 0; r < n; ++r) at[r + 1] = at[r] + counts[r];
+    return at;
+  };
+  const std::vector<int64_t> send_at = offsets(send), recv_at = offsets(recv);
+
+  // Between present ranks: their pieces, packed, through gloo.
+  std::vector<at::Tensor> to_present;
+  std::vector<int64_t> send_splits, recv_splits;
+  for (int g : ranks_.present) {
+    to_present.push_back(in.narrow(0, send_at[g], send[g]));
+    send_splits.push_back(send[g]);
+    recv_splits.push_back(recv[g]);
+  }
+  at::Tensor packed_in = at::cat(to_present);
+  at::Tensor packed_out = at::empty({std::accumulate(recv_splits.begin(), recv_splits.end(), int64_t{0})}, in.options());
+  std::vector<int64_t> gloo_out_splits = recv_splits, gloo_in_splits = send_splits;  // gloo moves from them
+  gloo_->alltoall_base(packed_out, packed_in, gloo_out_splits, gloo_in_splits, opts)->wait();
+  int64_t offset = 0;
+  for (size_t q = 0; q < ranks_.present.size(); ++q) {
+    const int g = ranks_.present[q];
+    out.narrow(0, recv_at[g], recv[g]).copy_(packed_out.narrow(0, offset, recv[g]));
+    offset += recv[g];
+  }
+
+  // From absent ranks.
+  if (at::isFloatingType(in.scalar_type()) || at::isComplexType(in.scalar_type())) {
+    for (int a = 0; a < n; ++a) {
+      if (!ranks_.is_present(a)) out.narrow(0, recv_at[a], recv[a]).zero_();
+    }
+    return;
+  }
+  // Integers: every present rank's whole input, padded to the longest, so
+  // each counterpart's piece for any peer is at hand.
+  int64_t longest = 0;
+  for (int g : ranks_.present) {
+    const auto& c = agreed.sides[g].send_counts;
+    longest = std::max(longest, std::accumulate(c.begin(), c.end(), int64_t{0}));
+  }
+  at::Tensor mine = at::zeros({longest}, in.options());
+  mine.narrow(0, 0, in.numel()).copy_(in);
+  at::Tensor inputs = at::empty({longest * static_cast<int64_t>(ranks_.present.size())}, in.options());
+  gloo_->_allgather_base(inputs, mine)->wait();
+  for (int a = 0; a < n; ++a) {
+    if (ranks_.is_present(a)) continue;
+    at::Tensor piece = out.narrow(0, recv_at[a], recv[a]);
+    const int p = ranks_.counterpart[a];
+    const int peer = ((p + me - a) % n + n) % n;  // p's peer at the distance this rank is from a
+    const auto& counts = agreed.sides[p].send_counts;
+    if (counts[peer] != recv[a]) {
+      piece.zero_();
+      continue;
+    }
+    const int64_t start = std::accumulate(counts.begin(), counts.begin() + peer, int64_t{0});
+    piece.copy_(inputs.narrow(0, ranks_.gloo_rank[p] * longest + start, recv[a]));
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -82,7 +161,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall(std::vector<at::Tensor
   p.request.bytes = nbytes(inputs);
   p.outputs = outputs;
   p.type = c10d::OpType::ALLTOALL;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement& agreed) {
     std::vector<at::Tensor> flat_inputs;
     for (const auto& t : inputs) flat_inputs.push_back(gloo_view(t).reshape({-1}));
     at::Tensor in = at::cat(flat_inputs);
@@ -90,9 +169,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::alltoall(std::vector<at::Tensor
     for (const auto& t : inputs) in_splits.push_back(t.numel());
     for (const auto& t : outputs) out_splits.push_back(t.numel());
     at::Tensor out = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})}, in.options());
-    // gloo takes the split vectors over (moves from them): it gets copies.
-    std::vector<int64_t> gloo_out_splits = out_splits, gloo_in_splits = in_splits;
-    gloo_->alltoall_base(out, in, gloo_out_splits, gloo_in_splits, opts)->wait();
+    if (ranks_.all()) {
+      // gloo takes the split vectors over (moves from them): it gets copies.
+      std::vector<int64_t> gloo_out_splits = out_splits, gloo_in_splits = in_splits;
+      gloo_->alltoall_base(out, in, gloo_out_splits, gloo_in_splits, opts)->wait();
+    } else {
+      all_to_all_present(out, in, agreed, opts);
+    }
     int64_t offset = 0;
     for (size_t j = 0; j < outputs.size(); ++j) {
       gloo_view(outputs[j]).view({-1}).copy_(out.narrow(0, offset, out_splits[j]));

@@ -34,7 +34,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather_into_tensor_coalesced
                                                                                  std::vector<at::Tensor>& inputs,
                                                                                  const c10d::AllgatherOptions& opts) {
   return run_tensor_pairs(Call::kAllGatherIntoTensorCoalesced, outputs, inputs, -1, c10d::OpType::COALESCED,
-                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); });
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); },
+                          [&](std::vector<at::Tensor>& in, std::vector<std::vector<at::Tensor>>& out) {
+                            return gloo_->allgather(out, in, opts);
+                          });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -42,7 +45,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter_tensor_coalesced
                                                                                  const c10d::ReduceScatterOptions& opts) {
   return run_tensor_pairs(Call::kReduceScatterTensorCoalesced, outputs, inputs, static_cast<int64_t>(opts.reduceOp.op_),
                           c10d::OpType::COALESCED,
-                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); });
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); },
+                          [&](std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in) {
+                            return gloo_->reduce_scatter(out, in, opts);
+                          });
 }
 
 void ProcessGroupZion::startCoalescing() {

@@ -5,6 +5,10 @@
 // prices the root's links carrying (n-1) tensors, which is what bounds both.
 // The size recorded is the root's buffer, n x the per-rank tensor, as
 // nccl-tests' gather and scatter count it.
+//
+// With absent ranks (present_ranks.h) gloo gathers from or scatters to the
+// present ranks; the root's entries of absent ranks are their
+// counterparts'. At an absent root no data moves.
 
 #include <c10/util/Exception.h>
 
@@ -65,11 +69,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::gather(std::vector<std::vector<
   check_rooted(p.side, p.request, "gather", true, "input", "gather_list", inputs, outputs, opts.rootRank, getRank(), getSize());
   if (root && !outputs.empty()) p.outputs = outputs[0];
   p.type = c10d::OpType::GATHER;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement&) {
+    if (!ranks_.is_present(static_cast<int>(opts.rootRank))) return;  // no present rank receives it
     std::vector<std::vector<at::Tensor>> out;
-    if (root) out.push_back(gloo_views(outputs[0]));
+    std::vector<at::Tensor> per_rank;
+    if (root) {
+      per_rank = gloo_views(outputs[0]);
+      out.push_back(present_entries(ranks_, per_rank));
+    }
     auto in = gloo_views(inputs);
-    gloo_->gather(out, in, opts)->wait();
+    c10d::GatherOptions gloo_opts = opts;
+    gloo_opts.rootRank = ranks_.gloo_rank[opts.rootRank];
+    gloo_->gather(out, in, gloo_opts)->wait();
+    if (root) copy_counterparts(ranks_, per_rank);
   });
 }
 
@@ -83,11 +95,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::scatter(std::vector<at::Tensor>
   check_rooted(p.side, p.request, "scatter", false, "output", "scatter_list", outputs, inputs, opts.rootRank, getRank(), getSize());
   p.outputs = outputs;
   p.type = c10d::OpType::SCATTER;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement&) {
+    if (!ranks_.is_present(static_cast<int>(opts.rootRank))) return;  // no present rank has the scatter_list
     auto out = gloo_views(outputs);
     std::vector<std::vector<at::Tensor>> in;
-    if (root) in.push_back(gloo_views(inputs[0]));
-    gloo_->scatter(out, in, opts)->wait();
+    if (root) in.push_back(present_entries(ranks_, gloo_views(inputs[0])));
+    c10d::ScatterOptions gloo_opts = opts;
+    gloo_opts.rootRank = ranks_.gloo_rank[opts.rootRank];
+    gloo_->scatter(out, in, gloo_opts)->wait();
   });
 }
 

@@ -131,6 +131,40 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
   }
 }
 
+// Gives each absent rank its counterpart's side (handshake.h says how).
+void add_absent_sides(Agreement& a, const PresentRanks& ranks) {
+  const int n = ranks.size;
+  for (int g = 0; g < n; ++g) {
+    if (ranks.is_present(g)) continue;
+    RankSide s = a.sides[ranks.counterpart[g]];
+    s.device = ranks.device[g];
+    s.start = a.start;
+    s.error.clear();  // the counterpart reports its own
+    s.send_counts.clear();
+    s.recv_counts.clear();
+    a.sides[g] = std::move(s);
+  }
+  bool counts = std::all_of(ranks.present.begin(), ranks.present.end(), [&](int g) {
+    return static_cast<int>(a.sides[g].send_counts.size()) == n && static_cast<int>(a.sides[g].recv_counts.size()) == n;
+  });
+  if (!counts) return;
+  for (int i = 0; i < n; ++i) {
+    if (ranks.is_present(i)) continue;
+    const int p = ranks.counterpart[i];
+    auto& send = a.sides[i].send_counts;
+    send.resize(n);
+    for (int j = 0; j < n; ++j) {
+      send[j] = ranks.is_present(j) ? a.sides[j].recv_counts[i] : a.sides[p].send_counts[((p + j - i) % n + n) % n];
+    }
+  }
+  for (int j = 0; j < n; ++j) {
+    if (ranks.is_present(j)) continue;
+    auto& recv = a.sides[j].recv_counts;
+    recv.resize(n);
+    for (int i = 0; i < n; ++i) recv[i] = a.sides[i].send_counts[j];
+  }
+}
+
 }  // namespace
 
 const char* call_name(Call call) {
@@ -154,11 +188,13 @@ const char* call_name(Call call) {
   return "unknown";
 }
 
-Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine) {
+Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const RankSide& mine) {
+  const int size = ranks.size;
+  const int present = static_cast<int>(ranks.present.size());
   std::vector<double> packed = encode(mine, size);
   const int64_t width = static_cast<int64_t>(packed.size());
   at::Tensor in = at::from_blob(packed.data(), {width}, at::kDouble).clone();
-  at::Tensor out = at::empty({width * size}, at::kDouble);
+  at::Tensor out = at::empty({width * present}, at::kDouble);
   // A rank that left, crashed or never came: said in the group's words, as
   // torch's DistBackendError (what NCCL raises) for whoever handles it.
   auto lost = [&](const char* gloo_says) {
@@ -175,12 +211,14 @@ Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine) {
   }
 
   Agreement a;
+  a.sides.resize(size);
   const double* all = out.const_data_ptr<double>();
-  for (int r = 0; r < size; ++r) {
-    a.sides.push_back(decode(all + r * width, size));
-    a.start = std::max(a.start, a.sides.back().start);
-    a.devices.push_back(a.sides.back().device);
+  for (int q = 0; q < present; ++q) {
+    a.sides[ranks.present[q]] = decode(all + q * width, size);
+    a.start = std::max(a.start, a.sides[ranks.present[q]].start);
   }
+  if (!ranks.all()) add_absent_sides(a, ranks);
+  for (const auto& s : a.sides) a.devices.push_back(s.device);
   check(a, rank, mine);
   return a;
 }

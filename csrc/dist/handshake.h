@@ -6,6 +6,10 @@
 // verdict: a mismatch (or a local error on any rank) raises on every rank,
 // instead of gloo aborting the process or hanging; the collective starts at
 // the latest start among the ranks.
+//
+// In a group with absent ranks (present_ranks.h) only the present ranks
+// take part in the all-gather; the table then gets a side for every absent
+// rank, drawn from its counterpart's.
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -13,6 +17,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "dist/present_ranks.h"
 
 namespace zion::dist {
 
@@ -55,13 +61,22 @@ struct RankSide {
 };
 
 struct Agreement {
-  std::vector<RankSide> sides;  // indexed by group rank
+  std::vector<RankSide> sides;  // indexed by group rank, absent ranks included
   double start = 0;             // the latest start
   std::vector<int> devices;     // global device of each group rank
 };
 
-// All-gathers every rank's side through `gloo` and checks that they agree.
-// Throws (on every rank alike) when they do not, or when any rank had an error.
-Agreement agree(c10d::Backend& gloo, int rank, int size, const RankSide& mine);
+// All-gathers every present rank's side through `gloo` (the present ranks'
+// group) and checks that they agree. Throws (on every rank alike) when they
+// do not, or when any rank had an error.
+//
+// An absent rank a gets its counterpart p's side, with its own device, the
+// latest start and, for an all-to-all, these element counts S[i][j] (rank i
+// sends rank j) and R[j][i] (rank j receives from rank i):
+//   S[a][j] = what present j says it receives from a (its recv count);
+//   S[a][j] = S[p][(p + j - a) mod n] for absent j (p's real send count);
+//   R[a][i] = S[i][a].
+// A present rank's own counts are as it passed them.
+Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const RankSide& mine);
 
 }  // namespace zion::dist

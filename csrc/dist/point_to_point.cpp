@@ -12,6 +12,9 @@
 // of irecv-then-isend (batch_isend_irecv) therefore does not deadlock.
 //
 // CPU tensors take the same path without modeled time.
+//
+// A peer that does not run as a process (a world bigger than its
+// processes, present_ranks.h) cannot send or receive: both calls refuse it.
 
 #include <c10/util/Exception.h>
 
@@ -129,6 +132,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   const at::Tensor& t = only_tensor(tensors, "send");
   TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "zion backend: send to rank ", dst,
               " is not another rank of this group (0..", getSize() - 1, ")");
+  TORCH_CHECK(ranks_.is_present(dst), "zion backend: send to rank ", dst, ", which does not run as a process (the ranks ",
+              "running are ", ranks_.present_list(), " of ", getSize(), "); point-to-point needs both ends running");
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -141,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   c10::intrusive_ptr<c10d::Work> gloo_work;
   {
     WithoutPythonObjectsInTls gloo_call;
-    gloo_work = gloo_->send(data, dst, tag);
+    gloo_work = gloo_->send(data, ranks_.gloo_rank[dst], tag);
   }
 
   const int rank = getRank();
@@ -159,6 +164,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   const at::Tensor& t = only_tensor(tensors, "recv");
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "zion backend: recv from rank ", src,
               " is not another rank of this group (0..", getSize() - 1, ")");
+  TORCH_CHECK(ranks_.is_present(src), "zion backend: recv from rank ", src, ", which does not run as a process (the ranks ",
+              "running are ", ranks_.present_list(), " of ", getSize(), "); point-to-point needs both ends running");
   int64_t seq;
   std::shared_future<void> previous;  // the last receive from `src` still being posted
   {
@@ -175,11 +182,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   std::vector<at::Tensor> data{gloo_view(t)};
   // Reads the sender's side (waiting for its send), checks it and posts the
   // receive to gloo.
-  auto post = [self, theirs_key, mine, data, src, tag]() -> PostedRecv {
+  const int gloo_src = ranks_.gloo_rank[src];
+  auto post = [self, theirs_key, mine, data, src, gloo_src, tag]() -> PostedRecv {
     PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src);
     std::vector<at::Tensor> buffer = data;
     WithoutPythonObjectsInTls gloo_call;
-    return {self->gloo_->recv(buffer, src, tag), theirs};
+    return {self->gloo_->recv(buffer, gloo_src, tag), theirs};
   };
 
   std::shared_future<PostedRecv> posted;

@@ -55,7 +55,24 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
                                    int size, Options options)
     : Backend(rank, size), store_(std::move(store)), gloo_(std::move(gloo)), options_(std::move(options)) {
   TORCH_CHECK(gloo_, "zion backend: needs a gloo backend to move the data");
-  placement_ = place_rank(device::runtime().platform, options_.global_rank, options_.local_rank, options_.node_rank);
+  const sim::Platform& platform = device::runtime().platform;
+  placement_ = place_rank(platform, options_.global_rank, options_.local_rank, options_.node_rank);
+  TORCH_CHECK_VALUE(options_.global_ranks.empty() || static_cast<int>(options_.global_ranks.size()) == size,
+                    "zion backend: ", options_.global_ranks.size(), " global ranks for a group of ", size);
+  // The devices of absent ranks: where their global rank sits on the
+  // platform (node by node), as a process of that rank would be placed by
+  // `zion-emu run`. Present ranks say their own in the handshake.
+  std::vector<int> present = options_.present;
+  std::sort(present.begin(), present.end());
+  std::vector<int> devices(size, -1);
+  for (int g = 0; g < size; ++g) {
+    if (present.empty() || std::binary_search(present.begin(), present.end(), g)) continue;
+    int global = options_.global_ranks.empty() ? g : options_.global_ranks[g];
+    devices[g] = place_rank(platform, global, -1, -1).device;
+  }
+  ranks_ = PresentRanks::make(size, present, std::move(devices));
+  TORCH_CHECK_VALUE(ranks_.is_present(rank), "zion backend: rank ", rank, " runs, but the group's present ranks are ",
+                    ranks_.present_list());
   try {
     algorithm_ = sim::parse_algorithm(options_.algorithm);
     link_model_ = sim::parse_link_model(options_.link_model);
@@ -148,6 +165,12 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
   return p;
 }
 
+std::string ProcessGroupZion::root_problem(const char* call, int64_t root) const {
+  if (root >= 0 && root < getSize()) return {};
+  return std::string("zion backend: ") + call + ": root " + std::to_string(root) + " is not a rank of this group (0.." +
+         std::to_string(getSize() - 1) + ")";
+}
+
 std::vector<std::vector<double>> ProcessGroupZion::uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes) {
   const auto& first = agreed.sides[0].send_counts;
   bool even = !first.empty();
@@ -170,7 +193,7 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::collect(c10::intrusive_ptr<ZionWo
   return work;
 }
 
-c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const std::function<void()>& move_data) {
+c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_data) {
   int comm = -1;
   if (p.side.error.empty() && !p.side.host) {
     comm = comm_stream(p.device);
@@ -179,8 +202,8 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const std::function<v
   Agreement agreed;
   {
     WithoutPythonObjectsInTls gloo_calls;
-    agreed = agree(*gloo_, getRank(), getSize(), p.side);
-    move_data();
+    agreed = agree(*gloo_, getRank(), ranks_, p.side);
+    move_data(agreed);
   }
   if (p.side.host) {
     // CPU tensors: moved as a gloo group would, on no modeled timeline.
@@ -227,9 +250,9 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_in_place(Plan p, std::vector<
   p.request.bytes = nbytes(tensors);
   p.outputs = tensors;
   p.type = type;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement&) {
     auto data = gloo_views(tensors);
-    gloo_call(data)->wait();
+    if (auto work = gloo_call(data)) work->wait();
   });
 }
 
@@ -237,7 +260,7 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_pairs(Plan p, std::vector<at:
                                                        c10d::OpType type, const PairCall& gloo_call) {
   p.outputs = outputs;
   p.type = type;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement&) {
     for (size_t i = 0; i < inputs.size(); ++i) {
       at::Tensor out = gloo_view(outputs[i]), in = gloo_view(inputs[i]);
       gloo_call(out, in)->wait();
@@ -247,7 +270,8 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_pairs(Plan p, std::vector<at:
 
 c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_tensor_pairs(Call call, std::vector<at::Tensor>& outputs,
                                                               std::vector<at::Tensor>& inputs, int64_t reduce_op,
-                                                              c10d::OpType type, const PairCall& gloo_call) {
+                                                              c10d::OpType type, const PairCall& gloo_call,
+                                                              const ListsCall& list_call) {
   const bool gathers = call == Call::kAllGatherIntoTensor || call == Call::kAllGatherIntoTensorCoalesced;
   const bool coalesced = call == Call::kAllGatherIntoTensorCoalesced || call == Call::kReduceScatterTensorCoalesced;
   const std::string name = std::string(gathers ? "all_gather_into_tensor" : "reduce_scatter_tensor") + (coalesced ? " (coalesced)" : "");
@@ -270,7 +294,20 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_tensor_pairs(Call call, std::
   p.side.numel = numel(part);
   p.side.reduce_op = reduce_op;
   p.request.bytes = nbytes(whole);  // nccl-tests counts all_gather's output, reduce_scatter's input
-  return run_pairs(std::move(p), outputs, inputs, type, gloo_call);
+  if (ranks_.all()) return run_pairs(std::move(p), outputs, inputs, type, gloo_call);
+  // Absent ranks: the present ranks' pieces of the gathered side, as lists;
+  // an all_gather's pieces of absent ranks are their counterparts'.
+  PairCall present_pieces = [&](at::Tensor& out, at::Tensor& in) {
+    at::Tensor& part = gathers ? in : out;
+    std::vector<at::Tensor> pieces = rank_pieces(gathers ? out : in, getSize(), part);
+    std::vector<at::Tensor> singles{part};
+    std::vector<std::vector<at::Tensor>> lists{present_entries(ranks_, pieces)};
+    auto work = list_call(singles, lists);
+    work->wait();
+    if (gathers) copy_counterparts(ranks_, pieces);
+    return work;
+  };
+  return run_pairs(std::move(p), outputs, inputs, type, present_pieces);
 }
 
 c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, std::vector<at::Tensor>& singles,
@@ -298,10 +335,14 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, st
     p.outputs = gathers ? lists[0] : singles;
   }
   p.type = type;
-  return run(std::move(p), [&] {
+  return run(std::move(p), [&](const Agreement&) {
     auto single_views = gloo_views(singles);
-    std::vector<std::vector<at::Tensor>> list_views{gloo_views(lists[0])};
+    std::vector<at::Tensor> per_rank = gloo_views(lists[0]);
+    // Absent ranks: gloo sees the present ranks' entries; an all_gather's
+    // entries of absent ranks are their counterparts'.
+    std::vector<std::vector<at::Tensor>> list_views{ranks_.all() ? per_rank : present_entries(ranks_, per_rank)};
     gloo_call(single_views, list_views)->wait();
+    if (!ranks_.all() && gathers) copy_counterparts(ranks_, per_rank);
   });
 }
 
@@ -316,8 +357,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::broadcast(std::vector<at::Tenso
   Plan p = plan(Call::kBroadcast, sim::CollectiveOp::kBroadcast, tensors);
   p.side.root = opts.rootRank;
   p.request.root = static_cast<int>(opts.rootRank);
-  return run_in_place(std::move(p), tensors, c10d::OpType::BROADCAST,
-                      [&](std::vector<at::Tensor>& data) { return gloo_->broadcast(data, opts); });
+  note(p.side.error, root_problem("broadcast", opts.rootRank));
+  return run_in_place(std::move(p), tensors, c10d::OpType::BROADCAST, [&](std::vector<at::Tensor>& data) {
+    c10d::BroadcastOptions gloo_opts = opts;
+    gloo_opts.rootRank = ranks_.gloo_rank_for(static_cast<int>(opts.rootRank));  // an absent root's counterpart
+    return gloo_->broadcast(data, gloo_opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -325,8 +370,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce(std::vector<at::Tensor>&
   p.side.root = opts.rootRank;
   p.side.reduce_op = static_cast<int64_t>(opts.reduceOp.op_);
   p.request.root = static_cast<int>(opts.rootRank);
+  note(p.side.error, root_problem("reduce", opts.rootRank));
   return run_in_place(std::move(p), tensors, c10d::OpType::REDUCE,
-                      [&](std::vector<at::Tensor>& data) { return gloo_->reduce(data, opts); });
+                      [&](std::vector<at::Tensor>& data) -> c10::intrusive_ptr<c10d::Work> {
+                        if (!ranks_.is_present(static_cast<int>(opts.rootRank))) return {};  // no present rank receives it
+                        c10d::ReduceOptions gloo_opts = opts;
+                        gloo_opts.rootRank = ranks_.gloo_rank[opts.rootRank];
+                        return gloo_->reduce(data, gloo_opts);
+                      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -341,7 +392,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions& opts) {
   std::vector<at::Tensor> outputs{output}, inputs{input};
   return run_tensor_pairs(Call::kAllGatherIntoTensor, outputs, inputs, -1, c10d::OpType::_ALLGATHER_BASE,
-                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); });
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_allgather_base(out, in, opts); },
+                          [&](std::vector<at::Tensor>& in, std::vector<std::vector<at::Tensor>>& out) {
+                            return gloo_->allgather(out, in, opts);
+                          });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -359,7 +413,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::_reduce_scatter_base(at::Tensor
   std::vector<at::Tensor> outputs{output}, inputs{input};
   return run_tensor_pairs(Call::kReduceScatterTensor, outputs, inputs, static_cast<int64_t>(opts.reduceOp.op_),
                           c10d::OpType::_REDUCE_SCATTER_BASE,
-                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); });
+                          [&](at::Tensor& out, at::Tensor& in) { return gloo_->_reduce_scatter_base(out, in, opts); },
+                          [&](std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in) {
+                            return gloo_->reduce_scatter(out, in, opts);
+                          });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::barrier(const c10d::BarrierOptions& opts) {
@@ -377,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::barrier(const c10d::BarrierOpti
   p.side.numel = 0;
   p.request.bytes = 1;
   p.type = c10d::OpType::BARRIER;
-  auto work = run(std::move(p), [&] {
+  auto work = run(std::move(p), [&](const Agreement&) {
     c10d::BarrierOptions gloo_opts;
     gloo_opts.timeout = opts.timeout;
     gloo_->barrier(gloo_opts)->wait();

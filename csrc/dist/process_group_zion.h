@@ -20,6 +20,20 @@
 // registered for cpu too, so object collectives and host-side reductions
 // work. A call mixing CPU and zion tensors is refused, naming the device it
 // wanted.
+//
+// A world bigger than its processes (present_ranks.h): `present` names the
+// group ranks that run; gloo moves the data among them alone (gloo rank =
+// position among the present ranks), and every collective is priced for the
+// whole group on the devices of all its ranks. What absent ranks contribute:
+// - all_reduce, reduce, reduce_scatter: nothing; results reduce the present ranks';
+// - all_gather, gather: an absent rank's piece is its counterpart's;
+// - broadcast from an absent root: from its counterpart; reduce to or
+//   gather at an absent root, scatter from one: no data moves;
+// - all_to_all: integer and bool pieces from an absent rank are its
+//   counterpart's piece for the shifted peer (toward (p + k) mod n for
+//   (a + k) mod n) when that has the size the receiver expects, else zeros;
+//   floating-point pieces are zeros;
+// - send and recv with an absent peer are refused.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -34,6 +48,7 @@
 
 #include "dist/handshake.h"
 #include "dist/placement.h"
+#include "dist/present_ranks.h"
 #include "dist/work.h"
 #include "sim/collective.h"
 
@@ -69,6 +84,10 @@ class ProcessGroupZion : public c10d::Backend {
     int node_rank = -1;   // GROUP_RANK when known: the node
     std::string algorithm = "auto";
     std::string link_model = "fair";
+    // The group ranks that run as processes (any order); empty: all of them.
+    std::vector<int> present;
+    // Group rank -> global rank, for the devices of absent ranks; empty: the same.
+    std::vector<int> global_ranks;
   };
 
   ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -117,6 +136,7 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
 
   const RankPlacement& placement() const { return placement_; }
+  const PresentRanks& present_ranks() const { return ranks_; }
   const Options& options() const { return options_; }
   CommRecord last() const;
 
@@ -129,11 +149,14 @@ class ProcessGroupZion : public c10d::Backend {
     std::vector<at::Tensor> outputs;
     c10d::OpType type = c10d::OpType::UNKNOWN;
   };
+  // Moves a collective's data once the ranks have agreed on it.
+  using MoveData = std::function<void(const Agreement& agreed)>;
   // Agrees with the other ranks, moves the data, prices the collective and
   // charges it on the communication stream.
-  c10::intrusive_ptr<ZionWork> run(Plan plan, const std::function<void()>& move_data);
+  c10::intrusive_ptr<ZionWork> run(Plan plan, const MoveData& move_data);
 
-  // gloo's call on the CPU views of a call's tensors, in place.
+  // gloo's call on the CPU views of a call's tensors, in place; null when
+  // there is nothing to move (a reduce to an absent root).
   using ListCall = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>& tensors)>;
   // gloo's call on the CPU views of one output and one input tensor.
   using PairCall = std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor& output, at::Tensor& input)>;
@@ -156,8 +179,16 @@ class ProcessGroupZion : public c10d::Backend {
                                                    c10d::OpType type, const ListsCall& gloo_call);
   // all_gather_into_tensor and reduce_scatter_tensor, single or coalesced:
   // each pair's gathered side holds its other side x group size elements.
+  // With absent ranks each pair goes through `list_call` (all_gather or
+  // reduce_scatter of lists) on the present ranks' pieces instead.
   c10::intrusive_ptr<ZionWork> run_tensor_pairs(Call call, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                                int64_t reduce_op, c10d::OpType type, const PairCall& gloo_call);
+                                                int64_t reduce_op, c10d::OpType type, const PairCall& gloo_call,
+                                                const ListsCall& list_call);
+  // all_to_all.cpp: an all-to-all's elements (flat CPU views, counts as
+  // agreed) moved among the present ranks, and the pieces from absent
+  // ranks filled (process_group_zion.h's list at the top).
+  void all_to_all_present(const at::Tensor& out, const at::Tensor& in, const Agreement& agreed,
+                          const c10d::AllToAllOptions& opts);
 
   // point_to_point.cpp: this rank's end of a send or recv of `t`, its issue
   // charged on the communication stream; then, once the peer's end is
@@ -167,6 +198,8 @@ class ProcessGroupZion : public c10d::Backend {
                                sim::Seconds peer_start);
 
   Plan plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors);
+  // Empty when `root` is a rank of the group, else what is wrong.
+  std::string root_problem(const char* call, int64_t root) const;
   // The exact bytes each rank sends each other one, from the agreed counts of
   // an all_to_all; empty when every pair moves the same amount.
   static std::vector<std::vector<double>> uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes);
@@ -182,6 +215,7 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo_;
   Options options_;
   RankPlacement placement_;
+  PresentRanks ranks_;
   sim::Algorithm algorithm_;
   sim::LinkModel link_model_;
 

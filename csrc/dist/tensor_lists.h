@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/aten/tensor_alias.h"
+#include "dist/present_ranks.h"
 
 namespace zion::dist {
 
@@ -64,6 +65,36 @@ inline std::string group_multiple_problem(const std::string& call, const std::st
   if (whole == part * ranks) return {};
   return "zion backend: " + call + ": " + whole_name + " has " + std::to_string(whole) + " elements; it needs " + part_name +
          " elements x group size = " + std::to_string(part) + " x " + std::to_string(ranks);
+}
+
+// Groups with absent ranks (present_ranks.h).
+
+// The entries of a per-rank list that belong to present ranks, in the inner
+// gloo group's order.
+inline std::vector<at::Tensor> present_entries(const PresentRanks& ranks, const std::vector<at::Tensor>& per_rank) {
+  std::vector<at::Tensor> out;
+  out.reserve(ranks.present.size());
+  for (int g : ranks.present) out.push_back(per_rank[g]);
+  return out;
+}
+
+// Each absent rank's entry of a per-rank list becomes a copy of its counterpart's.
+inline void copy_counterparts(const PresentRanks& ranks, const std::vector<at::Tensor>& per_rank) {
+  for (int g = 0; g < ranks.size; ++g) {
+    if (!ranks.is_present(g)) per_rank[g].copy_(per_rank[ranks.counterpart[g]]);
+  }
+}
+
+// The CPU view of `whole` (a tensor of `size` equal pieces, one per rank,
+// as an all_gather_into_tensor's output) cut into its pieces, each shaped
+// like `part`.
+inline std::vector<at::Tensor> rank_pieces(const at::Tensor& whole, int size, const at::Tensor& part) {
+  at::Tensor flat = gloo_view(whole).view({-1});
+  const int64_t piece = part.numel();
+  std::vector<at::Tensor> out;
+  out.reserve(size);
+  for (int r = 0; r < size; ++r) out.push_back(flat.narrow(0, r * piece, piece).view(part.sizes()));
+  return out;
 }
 
 }  // namespace zion::dist

@@ -51,13 +51,15 @@ void bind_dist(py::module_& m) {
       "time from the collective model on the device timeline")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
                        int size, int global_rank, int local_rank, int node_rank, const std::string& algorithm,
-                       const std::string& link_model) {
+                       const std::string& link_model, const std::vector<int>& present, const std::vector<int>& global_ranks) {
              ProcessGroupZion::Options options;
              options.global_rank = global_rank;
              options.local_rank = local_rank;
              options.node_rank = node_rank;
              options.algorithm = algorithm;
              options.link_model = link_model;
+             options.present = present;
+             options.global_ranks = global_ranks;
              try {
                return c10::make_intrusive<ProcessGroupZion>(store, gloo, rank, size, options);
              } catch (const c10::ValueError& e) {
@@ -67,17 +69,36 @@ void bind_dist(py::module_& m) {
              }
            }),
            py::arg("store"), py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("global_rank"),
-           py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair")
+           py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair",
+           py::arg("present") = std::vector<int>{}, py::arg("global_ranks") = std::vector<int>{},
+           "`gloo` holds the present ranks alone when `present` (group ranks that run as processes) leaves some out; "
+           "`global_ranks` (group rank -> global rank) places the absent ones")
       .def_property_readonly("global_device", [](const ProcessGroupZion& pg) { return pg.placement().device; },
                              "The global device (node-major, OAM-minor) the collective model places this rank on")
       .def_property_readonly("algorithm", [](const ProcessGroupZion& pg) { return pg.options().algorithm; },
                              "The collective algorithm this group prices with (auto: the platform's choice per call)")
       .def_property_readonly("link_model", [](const ProcessGroupZion& pg) { return pg.options().link_model; },
                              "The link model this group prices with: fair, unaware or astra")
+      .def_property_readonly("present_ranks", [](const ProcessGroupZion& pg) { return pg.present_ranks().present; },
+                             "The group ranks that run as processes (all of them unless the world is bigger than its processes)")
+      .def_property_readonly("counterparts", [](const ProcessGroupZion& pg) { return pg.present_ranks().counterpart; },
+                             "For each group rank, the present rank that stands in for it (itself when present)")
       .def_property_readonly("node", [](const ProcessGroupZion& pg) { return pg.placement().node; })
       .def_property_readonly("oam", [](const ProcessGroupZion& pg) { return pg.placement().oam; })
       .def("last_collective", [](const ProcessGroupZion& pg) { return record_dict(pg.last()); },
            "The last communication of this rank: op, call, bytes, devices, algorithm, start, end, time (s), device, stream");
+
+  m.def("counterparts",
+        [](int size, const std::vector<int>& present) {
+          try {
+            return zion::dist::PresentRanks::make(size, present, std::vector<int>(size, 0)).counterpart;
+          } catch (const c10::Error& e) {
+            throw py::value_error(e.what_without_backtrace());
+          }
+        },
+        py::arg("size"), py::arg("present"),
+        "For each rank of a group of `size` of which `present` run as processes, the running rank that stands in "
+        "for it (itself when it runs): the nearest running rank before it, cyclically");
 
   m.def("check_model",
         [](const std::string& algorithm, const std::string& link_model, const std::string& where) {

@@ -8,12 +8,19 @@ complete platform file that every rank loads through ``ZION_PLATFORM``.
 At the end the ranks' snapshots are merged into the report
 (:mod:`zion_emu.report`), printed (:mod:`zion_emu.report_text`), and
 written as JSON, a trace and a plot when asked.
+
+``--world-size N --ranks LIST`` runs a world bigger than its processes:
+the script sees ``WORLD_SIZE=N`` and its own rank, only the listed ranks run
+(as processes on this host), and the ``zion`` backend prices every
+collective for all N ranks (:mod:`zion_emu.distributed`). ``--timing-only``
+sets ``ZION_MODE=timing`` in every rank.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -21,10 +28,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
+
+# The mode every rank runs in: real (unset) or timing-only ("timing").
+MODE_ENV = "ZION_MODE"
 
 if TYPE_CHECKING:
     from zion_emu.report import RankSnapshot, RunReport
@@ -33,14 +44,23 @@ if TYPE_CHECKING:
 def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) -> None:
     if with_platform:
         add_platform_arguments(p, one_value_per_set=True)
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="ranks on this node (torchrun --nproc-per-node); each uses zion:LOCAL_RANK")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="ranks on this node (torchrun --nproc-per-node; default 1); each uses zion:LOCAL_RANK")
     p.add_argument("--nnodes", default="1", metavar="N", help="nodes of the run (torchrun --nnodes)")
     p.add_argument("--node-rank", type=int, default=0, help="this node's rank (torchrun --node-rank)")
     p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (torchrun --master-addr)")
     p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
     p.add_argument("--cuda-compat", action="store_true",
                    help="run a script written for CUDA unmodified: cuda devices, torch.cuda.* and nccl map to zion")
+    p.add_argument("--timing-only", action="store_true",
+                   help="timing-only mode (ZION_MODE=timing in every rank): floating-point zion tensors hold no "
+                        "bytes, every op and collective is priced as in real mode")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="the script sees a world of N ranks (WORLD_SIZE=N, RANK, LOCAL_RANK = RANK %% devices per "
+                        "node); every collective is priced for all N; the platform needs N / devices-per-node nodes")
+    p.add_argument("--ranks", default=None, metavar="LIST",
+                   help="with --world-size: the ranks that run as processes on this host, e.g. 0,64 or 0-3,8 "
+                        "(default: all N); fewer than N needs --timing-only")
     p.add_argument("--virtual-clock", action="store_true",
                    help="time.time / perf_counter / monotonic read the modeled host clock inside the script")
     p.add_argument("--samples-per-iteration", type=int, default=None, metavar="N",
@@ -71,14 +91,110 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _check(args: argparse.Namespace, platform: Any) -> None:
+@dataclass(frozen=True)
+class World:
+    """The world a run's script sees (``--world-size``) and the ranks of it that run."""
+
+    size: int
+    ranks: list[int]  # ascending: the ranks that run as processes, in torchrun's order
+    devices_per_node: int
+
+    @property
+    def absent(self) -> list[int]:
+        running = set(self.ranks)
+        return [r for r in range(self.size) if r not in running]
+
+    def options(self) -> dict[str, Any]:
+        return {"world_size": self.size, "ranks": self.ranks, "devices_per_node": self.devices_per_node}
+
+
+def parse_ranks(text: str, world_size: int) -> list[int]:
+    """``--ranks``: ranks and ranges (``0,64``, ``0-3,8``), ascending; a clear
+    error for an empty item, a non-number, a backward range, a rank outside
+    the world or one listed twice."""
+    example = "give ranks and ranges separated by commas, e.g. 0,64 or 0-3,8"
+    ranks: set[int] = set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise CliError(f"--ranks {text!r} has an empty item; {example}")
+        first, dash, last = item.partition("-")
+        try:
+            lo = int(first)
+            hi = int(last) if dash else lo
+        except ValueError:
+            raise CliError(f"--ranks: {item!r} is not a rank or a range a-b; {example}") from None
+        if hi < lo:
+            raise CliError(f"--ranks: the range {item} runs backwards; write {hi}-{lo}")
+        for r in (lo, hi):
+            if not 0 <= r < world_size:
+                raise CliError(f"--ranks: rank {r} is outside the world of --world-size {world_size} "
+                               f"(ranks 0..{world_size - 1})")
+        for r in range(lo, hi + 1):
+            if r in ranks:
+                raise CliError(f"--ranks: rank {r} is listed twice")
+            ranks.add(r)
+    return sorted(ranks)
+
+
+# Settings under which torch.distributed waits, at init, for every rank of
+# the world, which absent ranks never join.
+_WAITS_FOR_EVERY_RANK = {"TORCH_DIST_INIT_BARRIER": "1", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+
+
+def _world(args: argparse.Namespace, platform: Any) -> World | None:
+    if args.world_size is None:
+        if args.ranks is not None:
+            raise CliError("--ranks needs --world-size: the ranks are ranks of that world")
+        return None
+    n, per_node = args.world_size, platform.devices_per_node
+    if n < 1:
+        raise CliError(f"--world-size must be at least 1, got {n}")
+    if args.nproc is not None:
+        raise CliError("--world-size and --nproc exclude each other: the processes are the --ranks "
+                       "(default: every rank of the world)")
+    if str(args.nnodes) != "1" or args.node_rank != 0:
+        raise CliError("--world-size runs its ranks on this host; leave out --nnodes and --node-rank")
+    nodes = math.ceil(n / per_node)
+    if platform.nodes < nodes:
+        raise CliError(f"--world-size {n} needs {nodes} node(s) of {per_node} devices, but platform "
+                       f"'{platform.name}' has {platform.nodes}; choose a platform with more nodes "
+                       f"(--platform zionex has 16) or add --set nodes={nodes}")
+    world = World(n, parse_ranks(args.ranks, n) if args.ranks is not None else list(range(n)), per_node)
+    if world.absent:
+        if not args.timing_only:
+            raise CliError(f"--ranks runs {len(world.ranks)} of the {n} ranks: the absent ranks' data would be "
+                           "missing from every collective, so real mode would compute wrong results; add "
+                           "--timing-only, or list every rank")
+        for name, value in _WAITS_FOR_EVERY_RANK.items():
+            if os.environ.get(name) == value:
+                raise CliError(f"{name}={value} makes torch.distributed wait at init for all {n} ranks, and the "
+                               "absent ones never come; unset it for a run with --ranks")
+    return world
+
+
+def _nproc(args: argparse.Namespace) -> int:
+    return 1 if args.nproc is None else args.nproc
+
+
+def _check(args: argparse.Namespace, platform: Any) -> World | None:
     if not Path(args.script).is_file():
         raise CliError(f"script '{args.script}' does not exist")
-    if args.nproc < 1:
-        raise CliError(f"--nproc must be at least 1, got {args.nproc}")
-    if args.nproc > platform.devices_per_node:
+    world = _world(args, platform)
+    if world is not None:
+        _check_outputs(args)
+        return world
+    nproc = _nproc(args)
+    if nproc < 1:
+        raise CliError(f"--nproc must be at least 1, got {nproc}")
+    if nproc > platform.devices_per_node:
         raise CliError(f"--nproc {args.nproc} is more ranks than platform '{platform.name}' has devices per node "
                        f"({platform.devices_per_node}); use --nnodes for more nodes")
+    _check_outputs(args)
+    return None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
     if args.samples_per_iteration is not None and args.samples_per_iteration <= 0:
         raise CliError(f"--samples-per-iteration must be positive, got {args.samples_per_iteration}")
     for path, what in ((args.report, "--report"), (args.trace, "--trace"), (args.plot, "--plot")):
@@ -86,24 +202,31 @@ def _check(args: argparse.Namespace, platform: Any) -> None:
             raise CliError(f"{what} {path} is a directory; give a file name")
 
 
-def command(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    """The command line that starts the ranks."""
+def command(args: argparse.Namespace, run_dir: Path, world: World | None = None) -> list[str]:
+    """The command line that starts the ranks. A ``world`` runs through
+    torchrun's launcher even for one process: its store is the agent's, which
+    no rank of the world has to host."""
     rank_main = [sys.executable, "-m", "zion_emu.launch", args.script, *args.script_args]
-    single = args.nproc == 1 and str(args.nnodes) == "1"
-    if single:
+    nproc, nnodes, node_rank = (len(world.ranks), "1", 0) if world else (_nproc(args), str(args.nnodes), args.node_rank)
+    if world is None and nproc == 1 and nnodes == "1":
         return rank_main
-    return [sys.executable, "-m", "zion_emu.cli.agent", f"--nproc-per-node={args.nproc}",
-            f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}", f"--master-addr={args.master_addr}",
+    return [sys.executable, "-m", "zion_emu.cli.agent", f"--nproc-per-node={nproc}",
+            f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={args.master_addr}",
             f"--master-port={args.master_port or _free_port()}", "--redirects=0", "--tee=0",
             "-m", "zion_emu.launch", args.script, *args.script_args]
 
 
-def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subprocess.Popen:
+def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: World | None = None) -> subprocess.Popen:
+    from zion_emu.distributed import PRESENT_RANKS_ENV
+
     env = dict(os.environ)
     env[RUN_DIR_ENV] = str(run_dir)
     env["ZION_PLATFORM"] = str(run_dir / "platform.json")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if args.nproc > 1:
+    env.pop(PRESENT_RANKS_ENV, None)  # each rank of a world sets its own (zion_emu.launch)
+    if args.timing_only:
+        env[MODE_ENV] = "timing"
+    if world is not None or _nproc(args) > 1:
         # What torchrun sets when it is unset, said here so that it does not
         # print its banner about it on every run.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -111,7 +234,7 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None) -> subpro
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
     # Its own process group: a Ctrl-C reaches this process alone, which passes
     # it on once to the child (see wait).
-    return subprocess.Popen(command(args, run_dir), env=env, stdout=stdout, start_new_session=True)
+    return subprocess.Popen(command(args, run_dir, world), env=env, stdout=stdout, start_new_session=True)
 
 
 def wait(child: subprocess.Popen) -> tuple[int, bool]:
@@ -151,7 +274,7 @@ def gather(run_dir: Path) -> list[RankSnapshot]:
 
 
 def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
-           interrupted: bool) -> tuple[RunReport | None, int]:
+           interrupted: bool, world: World | None = None) -> tuple[RunReport | None, int]:
     """Merges, prints and writes what was asked; returns (report, exit code)."""
     from zion_emu import report as rep
     from zion_emu import trace
@@ -170,6 +293,8 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
             for name, n in ((s.status and s.status.cuda_compat_remapped) or {}).items():
                 remapped[name] = remapped.get(name, 0) + n
         merged.cuda_compat_remapped = remapped
+    if world is not None:
+        merged.world = rep.world_summary(world.size, world.ranks)
     if not args.quiet_report:
         print(format_text(merged), flush=True)
     failed = []
@@ -193,15 +318,16 @@ def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | N
     """Runs the script as the arguments say; returns (report, exit code).
     ``stdout``: where the script's output goes (default: this process's)."""
     platform = platform_from(args)
-    _check(args, platform)
+    world = _check(args, platform)
     run_dir = Path(tempfile.mkdtemp(prefix="zion-run-"))
     try:
         (run_dir / "platform.json").write_text(json.dumps(platform.fields))
         (run_dir / OPTIONS_FILE).write_text(json.dumps({"cuda_compat": args.cuda_compat,
-                                                        "virtual_clock": args.virtual_clock}))
-        child = start(args, run_dir, stdout)
+                                                        "virtual_clock": args.virtual_clock,
+                                                        "world": world.options() if world else None}))
+        child = start(args, run_dir, stdout, world)
         code, interrupted = wait(child)
-        return finish(args, gather(run_dir), code, interrupted)
+        return finish(args, gather(run_dir), code, interrupted, world)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
