@@ -35,6 +35,7 @@ from zion_emu._register import register as _register  # noqa: E402
 _register()
 
 from zion_emu import cost  # noqa: E402
+from zion_emu._timing import mode, placeholder_reads  # noqa: E402
 from zion_emu.device import DeviceProperties  # noqa: E402
 from zion_emu.iterations import samples_per_iteration  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
@@ -45,7 +46,7 @@ __all__ = [
     # the machine modeled
     "ConfigError", "Platform", "current_platform", "load_platform", "preset_names", "set_platform",
     # the device and its modeled clock and counters
-    "DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "reset_clock",
+    "DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "mode", "placeholder_reads", "reset_clock",
     # the host side, runs and checkpoints
     "load_state_dict", "samples_per_iteration", "socket", "state_dict",
 ]

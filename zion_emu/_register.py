@@ -45,4 +45,8 @@ def register() -> None:
     # goes away, or the process aborts at exit.
     atexit.register(_C.device.drain_autograd_threads)
 
+    from zion_emu import _timing
+
+    if _timing.requested():
+        _timing.prefer_cpp_meta()  # timing-only mode runs every op's Meta kernel: the C++ ones are fast
     _done = True

@@ -13,6 +13,7 @@
 #include "device/runtime/allocator.h"
 #include "device/aten/copy.h"
 #include "device/aten/op_pricing.h"
+#include "device/aten/timing.h"
 #include "device/runtime/generator.h"
 #include "device/runtime/runtime.h"
 #include "device/runtime/stream.h"
@@ -22,6 +23,26 @@ namespace py = pybind11;
 using namespace zion;
 
 namespace {
+
+// The script's source line that read a storage-less value: the innermost
+// Python frame outside torch and zion_emu ("" when there is none).
+std::string python_call_site() {
+  if (!Py_IsInitialized()) return {};
+  py::gil_scoped_acquire gil;
+  try {
+    py::object frame = py::module_::import("sys").attr("_getframe")(0);
+    while (!frame.is_none()) {
+      py::object code = frame.attr("f_code");
+      const std::string file = code.attr("co_filename").cast<std::string>();
+      const bool internal = file.find("/torch/") != std::string::npos || file.find("/zion_emu/") != std::string::npos ||
+                            file.rfind("<frozen", 0) == 0;
+      if (!internal) return file + ":" + std::to_string(frame.attr("f_lineno").cast<int>());
+      frame = frame.attr("f_back");
+    }
+  } catch (const py::error_already_set&) {
+  }
+  return {};
+}
 
 py::dict stat_dict(const c10::CachingAllocator::Stat& s) {
   py::dict d;
@@ -77,6 +98,23 @@ void bind_device(py::module_& m) {
   py::module_ d = m.def_submodule("device", "The zion device runtime");
   d.def("set_platform", [](const sim::Platform& p) { device::set_platform(p); }, py::arg("platform"),
         "Sets the platform; only before the first zion tensor");
+  d.def("priced_ops", &device::priced_ops, "Ops priced so far by this process (all threads and devices)");
+  d.def("mode", [] { return device::timing_only() ? "timing" : "real"; },
+        "'timing' (timing-only: float zion tensors have no host bytes) or 'real'; ZION_MODE, read once");
+  device::set_call_site_reader(&python_call_site);
+  d.def("placeholder_reads", [] {
+    py::list out;
+    for (const auto& r : device::placeholder_reads()) {
+      py::dict e;
+      e["site"] = r.site;
+      e["what"] = r.what;
+      e["dtype"] = r.dtype;
+      e["count"] = r.count;
+      out.append(e);
+    }
+    return out;
+  }, "Reads of storage-less values (timing-only mode): one entry per call site and kind of read, with its count");
+  d.def("reset_placeholder_reads", &device::reset_placeholder_reads);
   d.def("platform_name", [] { return device::runtime().platform.name; });
   d.def("platform", [] { return std::make_shared<sim::Platform>(device::runtime().platform); },
         "A copy of the active platform");

@@ -1,6 +1,7 @@
 // Bindings: zero-copy CPU aliases of zion tensors (csrc/device/aten/tensor_alias.h),
 // for Python code that runs a library's CPU-only glue on zion memory
-// (zion_emu.torchrec runs fbgemm's TBE autograd functions this way). Tensors
+// (zion_emu.torchrec runs fbgemm's TBE autograd functions this way), and
+// whether a tensor has host bytes at all (timing-only mode). Tensors
 // cross this boundary, so this file includes torch's pybind.h (its Tensor
 // caster), as bind_dist.cpp does.
 
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
 
 namespace py = pybind11;
 
@@ -23,6 +25,8 @@ void bind_tensor_alias(py::module_& m) {
       py::arg("tensor"),
       "A CPU tensor over the zion tensor's bytes (same storage, sizes, strides, offset; no autograd history); "
       "it keeps the zion storage alive");
+  d.def("is_storage_less", [](const at::Tensor& t) { return zion::device::is_storage_less(t); }, py::arg("tensor"),
+        "Whether a zion tensor has no host bytes (timing-only mode); False for any other tensor");
   d.def(
       "zion_tensor_of_alias",
       [](const at::Tensor& t) -> std::optional<at::Tensor> {

@@ -13,6 +13,8 @@
 #include "device/runtime/runtime.h"
 #include "device/runtime/stream.h"
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
+#include "device/runtime/allocator.h"
 #include "sim/link_model.h"
 #include "sim/platform_topology.h"
 
@@ -103,9 +105,26 @@ void restore_link_free_times(const std::vector<sim::Seconds>& free_at) {
 }
 
 void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  at::Tensor s = src.device().is_privateuseone() ? cpu_alias(src) : src;
-  at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
-  d.copy_(s, non_blocking);
+  if (is_storage_less(dst)) {
+    // Timing-only mode: no bytes move, the destination has none. The copy is
+    // priced below as in real mode.
+  } else if (is_storage_less(src) && dst.device().is_privateuseone() && covers_storage(dst)) {
+    // Into a whole real zion tensor (a float-to-integer conversion, .to(),
+    // copy_): the destination has no known values either, so it becomes
+    // storage-less, and its bytes go back to the host.
+    make_storage_less(dst);
+  } else if (is_storage_less(src)) {
+    // A storage-less value read into real memory (.cpu(), .tolist(),
+    // printing, part of a real tensor): zeros stand in, counted.
+    record_placeholder_read(src, dst.device().is_privateuseone() ? "a copy into part of a real zion tensor"
+                                                                 : "a copy to host memory (.cpu(), .tolist(), printing)");
+    at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
+    d.zero_();
+  } else {
+    at::Tensor s = src.device().is_privateuseone() ? cpu_alias(src) : src;
+    at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
+    d.copy_(s, non_blocking);
+  }
 
   Runtime& rt = runtime();
   double bytes = static_cast<double>(dst.numel()) * static_cast<double>(dst.element_size());
@@ -194,7 +213,19 @@ void copy_batch(at::TensorList srcs, at::TensorList dsts, c10::IntArrayRef strea
     copies.push_back({b, stream, a, bytes});
   }
   // The numerics: plain copies, byte for byte.
-  for (size_t i = 0; i < srcs.size(); ++i) cpu_alias(dsts[i]).copy_(cpu_alias(srcs[i]));
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    if (is_storage_less(dsts[i])) continue;  // timing-only: no bytes move
+    if (is_storage_less(srcs[i]) && covers_storage(dsts[i])) {
+      make_storage_less(dsts[i]);
+      continue;
+    }
+    if (is_storage_less(srcs[i])) {
+      record_placeholder_read(srcs[i], "a copy into part of a real zion tensor");
+      cpu_alias(dsts[i]).zero_();
+      continue;
+    }
+    cpu_alias(dsts[i]).copy_(cpu_alias(srcs[i]));
+  }
 
   // One lock for the whole batch: no single copy takes the links between the
   // moment the batch reads their free times and the moment it occupies them.

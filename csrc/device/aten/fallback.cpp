@@ -24,6 +24,7 @@
 #include "device/aten/op_pricing.h"
 #include "device/runtime/runtime.h"
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
 
 namespace zion::device {
 namespace {
@@ -225,6 +226,10 @@ class DeviceScope {
 };
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (has_storage_less_argument(op, stack)) {
+    timing_fallback(op, stack);
+    return;
+  }
   const OpFacts& facts = facts_of(op);
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();

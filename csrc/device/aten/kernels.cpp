@@ -15,6 +15,7 @@
 #include "device/aten/copy.h"
 #include "device/runtime/runtime.h"
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
 
 namespace zion::device {
 namespace {
@@ -30,12 +31,21 @@ struct DeviceScope {
   ~DeviceScope() { set_current_device(previous); }
 };
 
+// In timing-only mode floating-point tensors (and integer ones past the
+// limit) are storage-less; see timing.h.
+c10::Allocator& allocator_for(c10::ScalarType dtype, size_t nbytes) {
+  if (timing_only() && !stays_real(dtype, nbytes)) return storage_less_allocator();
+  return allocator();
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty supports strided tensors here, not ", *layout);
   DeviceScope scope(device);
-  return at::detail::empty_generic(size, &allocator(), kZionKeys, c10::dtype_or_default(dtype), memory_format);
+  const c10::ScalarType type = c10::dtype_or_default(dtype);
+  const size_t nbytes = at::detail::computeStorageNbytesContiguous(size, c10::elementSize(type));
+  return at::detail::empty_generic(size, &allocator_for(type, nbytes), kZionKeys, type, memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -43,7 +53,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty_strided supports strided tensors, not ", *layout);
   DeviceScope scope(device);
-  return at::detail::empty_strided_generic(size, stride, &allocator(), kZionKeys, c10::dtype_or_default(dtype));
+  const c10::ScalarType type = c10::dtype_or_default(dtype);
+  const size_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(type));
+  return at::detail::empty_strided_generic(size, stride, &allocator_for(type, nbytes), kZionKeys, type);
 }
 
 // A tensor of zeros that owns no memory (autograd's zero gradients): the
@@ -101,7 +113,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 
 at::Tensor& set_empty(at::Tensor& self) {
   DeviceScope scope(self.device());
-  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &allocator(), true);
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &allocator_for(self.scalar_type(), 0), true);
   std::vector<int64_t> size{0}, stride{1};
   return set_storage(self, std::move(empty), 0, size, stride);
 }
@@ -109,6 +121,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   // The host reads a device value: it waits for the device first.
   runtime().timeline.wait_device(self.device().index());
+  if (is_storage_less(self)) return placeholder_scalar(self, "item()");
   return at::_local_scalar_dense(cpu_alias(self));
 }
 

@@ -1,5 +1,6 @@
 #include "device/aten/op_pricing.h"
 
+#include <atomic>
 #include <unordered_map>
 
 #include "device/runtime/runtime.h"
@@ -23,6 +24,8 @@ void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDes
   }
 }
 
+std::atomic<int64_t> g_priced_ops{0};
+
 struct Priced {
   std::string name;
   sim::OpCostModel::FormulaRef formula;
@@ -33,6 +36,7 @@ struct Priced {
 
 void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, int label,
             c10::DeviceIndex device, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   describe(inputs, call.inputs);
   describe(outputs, call.outputs);
   sim::OpCost cost = rt.cost->cost(call, formula);
@@ -43,6 +47,8 @@ void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& 
 }
 
 }  // namespace
+
+int64_t priced_ops() { return g_priced_ops.load(std::memory_order_relaxed); }
 
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args) {

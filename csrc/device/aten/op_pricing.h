@@ -22,6 +22,8 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
                const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args = {});
 void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs);
+// Ops priced so far by this process (all threads and devices).
+int64_t priced_ops();
 
 // Charges one kernel that torch.compile generated (a fused loop nest that
 // runs as one C++ function on the tensors' host memory): the roofline prices

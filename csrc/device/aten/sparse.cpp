@@ -32,6 +32,8 @@
 #include "device/runtime/runtime.h"
 #include "device/aten/sparse.h"
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
+#include "device/runtime/allocator.h"
 
 namespace zion::device {
 namespace {
@@ -111,7 +113,39 @@ struct SparseCall {
   }
 };
 
+// Timing-only: a sparse op over storage-less values. Prototype: ops whose only
+// results are their written dense arguments (dense.add_(sparse)) are priced
+// and left as they are (metadata does not change).
+void sparse_timing(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  std::vector<at::Tensor> inputs, outputs;
+  c10::DeviceIndex device = -1;
+  at::Tensor written;
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.device().is_privateuseone() && device < 0) device = t.device().index();
+    const auto* info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite()) written = t;
+    if (t.device().is_privateuseone()) inputs.push_back(t);  // as the CPU path prices them
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(written.defined() && !written.is_sparse() && schema.returns().size() == 1,
+                              "zion timing-only (prototype): sparse op ", schema.operator_name(),
+                              " over storage-less values has no rule yet");
+  torch::jit::drop(*stack, num_args);
+  stack->emplace_back(written);
+  outputs.push_back(written);
+  charge_op(op, device, inputs, outputs);
+}
+
 void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (has_storage_less_argument(op, stack)) {
+    sparse_timing(op, stack);
+    return;
+  }
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   SparseCall call{op};

@@ -18,6 +18,10 @@ void release_storage_ref(void* context) {
 // A resizable CPU storage over the bytes of a zion storage.
 c10::Storage alias_storage(const c10::Storage& zion) {
   c10::StorageImpl* impl = zion.unsafeGetStorageImpl();
+  // A storage-less tensor (timing-only mode) has no bytes to alias: a kernel
+  // that reaches here would read or write address zero.
+  TORCH_CHECK(!is_storage_less(impl), "zion timing-only: a kernel needs the bytes of a storage-less tensor (",
+              impl->nbytes(), " bytes), which timing-only mode does not keep; this op has no timing-only rule");
   c10::raw::intrusive_ptr::incref(impl);
   c10::DataPtr view(zion.mutable_data(), impl, &release_storage_ref, c10::Device(c10::DeviceType::CPU));
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), zion.nbytes(),

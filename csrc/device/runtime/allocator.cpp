@@ -4,8 +4,14 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "device/runtime/runtime.h"
 
@@ -21,10 +27,14 @@ struct Allocation {
   size_t nbytes;
   void* ptr;            // our own bytes (alloc_cpu), or null
   c10::DataPtr adopted;  // bytes adopted from another allocator, freed by its deleter
+  bool storage_less = false;  // accounted in the pool, backed by no host bytes (timing-only mode)
 };
+
+std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not backed
 
 void delete_allocation(void* context) {
   std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
+  if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
   allocator().release(a->device, a->ptr, a->nbytes);
 }
 
@@ -83,10 +93,122 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
+  check_host_backing(device, nbytes);
   reserve(device, nbytes);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
+}
+
+c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
+  runtime();
+  reserve(device, nbytes);
+  g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+  return {nullptr, new Allocation{device, nbytes, nullptr, {}, true}, &delete_allocation,
+          c10::Device(c10::DeviceType::PrivateUse1, device)};
+}
+
+namespace {
+bool read_mode() {
+  const char* m = std::getenv("ZION_MODE");
+  if (!m || !*m || std::string(m) == "real") return false;
+  TORCH_CHECK(std::string(m) == "timing", "zion: ZION_MODE='", m,
+              "' is not a mode; it is 'real' (the default: every tensor has its bytes) or 'timing' (timing-only: "
+              "floating-point zion tensors have no host bytes)");
+  return true;
+}
+}  // namespace
+
+namespace {
+
+// Bytes from /proc: a field of /proc/meminfo (kB) or resident pages of this process.
+int64_t meminfo_bytes(const char* field) {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t value = -1;
+  const size_t len = std::strlen(field);
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, field, len) == 0 && line[len] == ':') {
+      value = std::atoll(line + len + 1) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return value;
+}
+
+int64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return read == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : -1;
+}
+
+}  // namespace
+
+void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
+  // Large requests, and every kHostCheckBytes of smaller ones, are checked.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unchecked_bytes_ += nbytes;
+    if (nbytes < kHostCheckBytes && unchecked_bytes_ < kHostCheckBytes) return;
+    unchecked_bytes_ = 0;
+    // Past the modeled capacity this is the modeled OOM, which reserve() raises.
+    const Pool& p = pool(device);
+    if (p.stats.allocated_bytes[kAggregate].current + static_cast<int64_t>(nbytes) > p.capacity) return;
+  }
+  const int64_t available = meminfo_bytes("MemAvailable");
+  if (available < 0) return;  // not Linux's /proc: nothing to compare with
+  // Bytes this process's pools hold that it has not touched yet are not in
+  // MemAvailable's count of used memory; they will be once written.
+  const int64_t resident = resident_bytes();
+  const int64_t held = static_cast<int64_t>(bytes_in_use()) - g_storage_less_bytes.load(std::memory_order_relaxed);
+  const int64_t untouched = resident < 0 ? 0 : std::max<int64_t>(0, held - resident);
+  const int64_t limit = available - untouched;
+  if (static_cast<int64_t>(nbytes) <= limit) return;
+  int64_t used, capacity;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Pool& p = pool(device);
+    used = p.stats.allocated_bytes[kAggregate].current;
+    capacity = p.capacity;
+  }
+  TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
+              gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
+              gib(used), " of ", gib(capacity), " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
+              " available (MemAvailable ", gib(available), ", less ", gib(untouched),
+              " this process holds untouched). Real mode keeps every byte of a zion tensor in host memory; "
+              "run with --timing-only (zion-emu run --timing-only, or ZION_MODE=timing) to model it without "
+              "host bytes. Existing tensors are intact.");
+}
+
+bool timing_only() {
+  static const bool on = read_mode();  // once: the mode cannot change under live tensors
+  return on;
+}
+
+bool is_storage_less(const c10::StorageImpl* s) {
+  if (!s) return false;
+  const c10::DataPtr& p = s->data_ptr();
+  return p.get() == nullptr && p.get_deleter() == &delete_allocation &&
+         static_cast<const Allocation*>(p.get_context())->storage_less;
+}
+
+namespace {
+// A storage-less storage that grows (resize_, an out= argument) stays storage-less.
+struct StorageLessAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override { return allocator().allocate_storage_less(current_device(), nbytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+};
+}  // namespace
+
+c10::Allocator& storage_less_allocator() {
+  static StorageLessAllocator instance;
+  return instance;
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {

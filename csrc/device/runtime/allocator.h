@@ -6,6 +6,7 @@
 // capacity) and nothing already allocated is touched.
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Storage.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -40,6 +41,9 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // the pool of `device` without copying them; out of capacity they are
   // freed and OutOfMemoryError raised.
   c10::DataPtr adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes);
+  // Timing-only mode: accounts `nbytes` in the pool of `device` exactly as
+  // allocate() does, but backs them with no host bytes (the DataPtr is null).
+  c10::DataPtr allocate_storage_less(c10::DeviceIndex device, size_t nbytes);
   // Releases one allocation (called by the DataPtr deleter).
   void release(c10::DeviceIndex device, void* ptr, size_t nbytes);
   int64_t capacity(c10::DeviceIndex device) const;
@@ -55,6 +59,11 @@ class HbmAllocator final : public c10::DeviceAllocator {
     c10::CachingDeviceAllocator::DeviceStats stats;
   };
   Pool& pool(c10::DeviceIndex device);
+  // Real mode: raises a clear error (not the kernel's OOM killer later) if the
+  // host cannot back `nbytes` more, while the modeled pool still has room.
+  void check_host_backing(c10::DeviceIndex device, size_t nbytes);
+  static constexpr size_t kHostCheckBytes = size_t{64} << 20;
+  size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
   void reserve(c10::DeviceIndex device, size_t nbytes);  // accounts, or raises OutOfMemoryError
 
   mutable std::mutex mutex_;
@@ -62,6 +71,15 @@ class HbmAllocator final : public c10::DeviceAllocator {
 };
 
 HbmAllocator& allocator();
+
+// Timing-only mode (ZION_MODE=timing, read once): floating-point zion tensors
+// have no host bytes.
+bool timing_only();
+// A storage whose bytes the pool accounts but no host memory backs.
+bool is_storage_less(const c10::StorageImpl* storage);
+inline bool is_storage_less(const c10::Storage& storage) { return is_storage_less(storage.unsafeGetStorageImpl()); }
+// The allocator of storage-less zion tensors (allocate_storage_less on the current device).
+c10::Allocator& storage_less_allocator();
 
 // Host bytes of the CPU kernels that run zion ops. Their outputs become zion
 // tensors (adopted without copying), and a training step frees and asks for

@@ -49,15 +49,16 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     auto previous = current_device();
     set_current_device(device);
     c10::DataPtr fresh;
+    const bool storage_less = is_storage_less(impl);
     try {
-      fresh = allocator().allocate(newsize);
+      fresh = storage_less ? allocator().allocate_storage_less(device, newsize) : allocator().allocate(newsize);
     } catch (...) {
       set_current_device(previous);
       throw;
     }
     set_current_device(previous);
     size_t keep = std::min(newsize, impl->nbytes());
-    if (keep) std::memcpy(fresh.get(), impl->data(), keep);
+    if (keep && !storage_less) std::memcpy(fresh.get(), impl->data(), keep);
     impl->set_data_ptr_noswap(std::move(fresh));
     impl->set_nbytes(newsize);
   }

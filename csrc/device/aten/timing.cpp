@@ -1,0 +1,435 @@
+#include "device/aten/timing.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
+#include <ATen/ops/clamp_min_ops.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "device/aten/op_pricing.h"
+#include "device/aten/tensor_alias.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/runtime.h"
+
+namespace zion::device {
+namespace {
+
+bool holds_storage_less(const c10::IValue& v) {
+  if (v.isTensor()) return is_storage_less(v.toTensor());
+  if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) if (is_storage_less(t)) return true;
+    return false;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) if (e.isTensor() && is_storage_less(e.toTensor())) return true;
+  }
+  return false;
+}
+
+constexpr auto kZionKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+
+c10::Storage meta_storage(size_t nbytes) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                                                            c10::GetAllocator(c10::kMeta), true));
+}
+
+at::Tensor over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+c10::Storage new_storage_less(c10::DeviceIndex device, size_t nbytes) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            allocator().allocate_storage_less(device, nbytes),
+                                                            &storage_less_allocator(), true));
+}
+
+struct MetaCall {
+  const c10::OperatorHandle& op;
+  c10::DeviceIndex device = -1;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> meta_of;  // zion storage -> meta storage
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> zion_of;  // meta storage -> zion storage
+  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> arg_of;      // meta alias -> zion argument
+  std::vector<at::Tensor> inputs;
+
+  at::Tensor to_meta(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.device().is_privateuseone()) {
+      TORCH_CHECK_NOT_IMPLEMENTED(!t.is_sparse(), "zion timing-only: ", op.schema().operator_name(),
+                                  " with a sparse zion argument has no storage-less rule yet");
+      if (device < 0) device = t.device().index();
+      c10::StorageImpl* z = t.storage().unsafeGetStorageImpl();
+      c10::Storage* m = nullptr;
+      for (auto& [k, v] : meta_of) if (k == z) m = &v;
+      if (!m) {
+        meta_of.emplace_back(z, meta_storage(z->nbytes()));
+        m = &meta_of.back().second;
+        zion_of.emplace_back(m->unsafeGetStorageImpl(), t.storage());
+      }
+      at::Tensor a = over(*m, c10::DispatchKey::Meta, t);
+      a.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+      a.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+      arg_of.emplace_back(a.unsafeGetTensorImpl(), t);
+      inputs.push_back(a);
+      return a;
+    }
+    if (t.device().is_cpu() && t.dim() > 0) {
+      return over(meta_storage(t.storage().nbytes()), c10::DispatchKey::Meta, t);  // an index tensor on the host
+    }
+    return t;
+  }
+
+  c10::IValue convert(c10::IValue&& v) {
+    if (v.isTensor()) return to_meta(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
+      return out;
+    }
+    if (v.isList()) {
+      auto list = v.toList();
+      bool has = false;
+      for (const c10::IValue& e : list) has = has || e.isTensor();
+      if (!has) return std::move(v);
+      c10::List<std::optional<at::Tensor>> out;
+      for (const c10::IValue& e : list) out.push_back(e.isTensor() ? std::optional<at::Tensor>(to_meta(e.toTensor())) : std::nullopt);
+      return out;
+    }
+    if (v.isDevice() && v.toDevice().is_privateuseone()) {
+      if (device < 0 && v.toDevice().has_index()) device = v.toDevice().index();
+      return c10::Device(c10::kMeta);
+    }
+    return std::move(v);
+  }
+
+  // The zion storage behind a meta storage, grown (storage-less) if the kernel resized it.
+  const c10::Storage* zion_storage(c10::StorageImpl* m) {
+    for (auto& [k, z] : zion_of) {
+      if (k != m) continue;
+      if (m->nbytes() > z.nbytes()) {
+        TORCH_CHECK(is_storage_less(z), "zion timing-only: ", op.schema().operator_name(),
+                    " resized a real argument from its Meta kernel");
+        z.unsafeGetStorageImpl()->set_data_ptr_noswap(allocator().allocate_storage_less(device, m->nbytes()));
+        z.unsafeGetStorageImpl()->set_nbytes(m->nbytes());
+      }
+      return &z;
+    }
+    return nullptr;
+  }
+
+  at::Tensor result(const at::Tensor& t) {
+    if (!t.defined() || !t.device().is_meta()) return t;
+    for (auto& [a, z] : arg_of) {
+      if (a == t.unsafeGetTensorImpl()) {
+        sync_metadata(t, z);
+        return z;
+      }
+    }
+    if (const c10::Storage* z = zion_storage(t.storage().unsafeGetStorageImpl())) {
+      return over(*z, c10::DispatchKey::PrivateUse1, t);  // a view of an argument
+    }
+    // Fresh: one storage-less zion storage per fresh meta storage.
+    c10::StorageImpl* m = t.storage().unsafeGetStorageImpl();
+    c10::Storage z = new_storage_less(device, m->nbytes());
+    zion_of.emplace_back(m, z);
+    return over(z, c10::DispatchKey::PrivateUse1, t);
+  }
+
+  c10::IValue convert_result(c10::IValue&& v) {
+    if (v.isTensor()) return result(v.toTensor());
+    if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(result(t));
+      return out;
+    }
+    return std::move(v);
+  }
+};
+
+// The embedding-bag family: their integer results (offset2bag, bag_size,
+// max_indices in sum and mean modes, a sparse gradient's indices) depend on
+// the real indices and offsets only, and the feature dimension D is carried
+// along. The CPU kernel runs with each storage-less float argument replaced
+// by a zero stand-in of width min(D, 4) (fbgemm's CPU path rebuilds its
+// kernel on every call at widths 1 and 2); the float results, and max mode's
+// max_indices, come back storage-less with D put back. The integer results
+// are the CPU kernel's own, so they equal real mode's.
+void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  constexpr int64_t kStandInWidth = 4;
+  // A stand-in of more elements than this is one zero broadcast (no bytes),
+  // at the cost of the kernel's contiguous fast path.
+  constexpr int64_t kContiguousStandIn = int64_t{1} << 22;
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
+  int64_t d = -1, mode = 0;
+  c10::DeviceIndex device = -1;
+  std::vector<at::Tensor> inputs;
+  AliasSet aliases;
+  for (size_t i = 0; i < n; ++i) {
+    c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    if (schema.arguments()[i].name() == "mode" && v.isInt()) mode = v.toInt();
+    if (!v.isTensor() || !v.toTensor().defined()) continue;
+    at::Tensor t = v.toTensor();
+    if (!t.device().is_privateuseone()) continue;
+    if (device < 0) device = t.device().index();
+    inputs.push_back(t);
+    if (!is_storage_less(t)) {
+      v = aliases.alias(t);
+      continue;
+    }
+    TORCH_CHECK(c10::isFloatingType(t.scalar_type()), "zion timing-only: ", schema.operator_name(),
+                " needs the values of its argument '", schema.arguments()[i].name(), "', a storage-less ",
+                t.scalar_type(), " tensor (its values came from storage-less floats); indices and offsets must be real");
+    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+    if (shape.size() == 2) {
+      d = shape[1];
+      shape[1] = std::min(d, kStandInWidth);
+    }
+    int64_t numel = 1;
+    for (int64_t extent : shape) numel *= extent;
+    v = numel > kContiguousStandIn ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
+                                   : at::zeros(shape, t.options().device(c10::kCPU));
+  }
+  aliases.set_device(device);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  aliases.commit();
+  auto storage_less_like = [&](const at::Tensor& t) {
+    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+    if (shape.size() == 2 && d >= 0) shape[1] = d;
+    return empty_storage_less(shape, t.scalar_type(), device);
+  };
+  const size_t num_returns = schema.returns().size();
+  std::vector<at::Tensor> outputs;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
+    if (!it->isTensor()) continue;
+    at::Tensor t = it->toTensor();
+    if (!t.defined()) continue;
+    if (t.is_sparse()) {
+      // A sparse gradient: real indices, storage-less values [nnz, D].
+      at::Tensor values = storage_less_like(t._values());
+      std::vector<int64_t> size(t.sizes().begin(), t.sizes().end());
+      if (size.size() == 2 && d >= 0) size[1] = d;
+      *it = at::_sparse_coo_tensor_with_dims_and_tensors(
+          t.sparse_dim(), t.dense_dim(), size, aliases.to_zion(t._indices()), values,
+          t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)), t.is_coalesced());
+    } else if (c10::isFloatingType(t.scalar_type()) || (mode == 2 && t.dim() == 2)) {
+      *it = storage_less_like(t);  // max mode's max_indices [bags, D] point at the (unknown) maxima
+    } else {
+      *it = aliases.to_zion(t);
+    }
+    outputs.push_back(it->toTensor());
+  }
+  charge_op(op, device, inputs, outputs);
+}
+
+bool is_embedding_bag_family(const std::string& name) {
+  return name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only" ||
+         name == "aten::_embedding_bag_backward" || name == "aten::_embedding_bag_dense_backward" ||
+         name == "aten::_embedding_bag_sparse_backward" || name == "aten::embedding_dense_backward" ||
+         name == "aten::_embedding_bag_per_sample_weights_backward";
+}
+
+// Arguments whose values select elements: a storage-less integer tensor there
+// is an index computed from storage-less floats, which has no real value.
+bool is_index_argument(const std::string& name) {
+  return name == "index" || name == "indices" || name == "offsets" || name == "lengths" || name == "repeats";
+}
+
+void check_no_storage_less_index(const c10::FunctionSchema& schema, const c10::IValue& v, const std::string& name) {
+  if (!is_index_argument(name)) return;
+  auto check = [&](const at::Tensor& t) {
+    TORCH_CHECK(!(is_storage_less(t) && !c10::isFloatingType(t.scalar_type()) && !c10::isComplexType(t.scalar_type())),
+                "zion timing-only: ", schema.operator_name(), " uses a storage-less ", t.scalar_type(),
+                " tensor as its '", name, "'; its values were computed from storage-less floats, so they are not "
+                "known in timing-only mode, and an index needs real values. Compute indices from integer "
+                "tensors (which stay real), or run in real mode");
+  };
+  if (v.isTensor()) {
+    check(v.toTensor());
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) check(e.toTensor());
+    }
+  }
+}
+
+// Ops whose results' shapes depend on their inputs' values: no Meta kernel
+// can give them for a storage-less input.
+bool is_data_dependent(const std::string& name) {
+  static const char* const kNames[] = {
+      "aten::nonzero", "aten::argwhere", "aten::masked_select", "aten::unique_consecutive", "aten::unique_dim",
+      "aten::_unique", "aten::_unique2", "aten::unique_dim_consecutive", "aten::repeat_interleave",
+      "aten::bincount", "aten::nonzero_numpy", "aten::_local_scalar_dense"};
+  for (const char* n : kNames) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
+// Placeholder reads: where the script read a storage-less value, and how often.
+struct PlaceholderRegistry {
+  std::mutex mutex;
+  std::vector<PlaceholderRead> reads;
+  std::string (*call_site)() = nullptr;
+};
+
+PlaceholderRegistry& placeholders() {
+  static PlaceholderRegistry registry;
+  return registry;
+}
+
+// Counts a read; true the first time at this call site.
+bool count_placeholder(const std::string& site, const char* what, const at::Tensor& t) {
+  PlaceholderRegistry& r = placeholders();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (PlaceholderRead& read : r.reads) {
+    if (read.site == site && read.what == what) {
+      read.count += 1;
+      return false;
+    }
+  }
+  r.reads.push_back({site, what, std::string(c10::toString(t.scalar_type())), 1});
+  return true;
+}
+
+}  // namespace
+
+bool is_storage_less(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_privateuseone()) return false;
+  if (t.is_sparse()) return is_storage_less(t._values().storage()) || is_storage_less(t._indices().storage());
+  return t.has_storage() && is_storage_less(t.storage());
+}
+
+bool covers_storage(const at::Tensor& t) {
+  return t.has_storage() && !t.is_sparse() && t.is_non_overlapping_and_dense() && t.storage_offset() == 0 &&
+         static_cast<size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
+}
+
+void make_storage_less(const at::Tensor& t) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (is_storage_less(impl)) return;
+  // The real bytes leave the pool as the storage-less ones enter it.
+  const size_t nbytes = impl->nbytes();
+  c10::DataPtr real = impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+  real.clear();
+  impl->set_data_ptr_noswap(allocator().allocate_storage_less(t.device().index(), nbytes));
+}
+
+bool stays_real(c10::ScalarType dtype, size_t nbytes) {
+  if (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) return false;
+  return nbytes <= kRealIntegerLimitBytes;
+}
+
+at::Tensor empty_storage_less(c10::IntArrayRef size, c10::ScalarType dtype, c10::DeviceIndex device) {
+  const c10::DeviceIndex previous = current_device();
+  if (previous != device) set_current_device(device);
+  at::Tensor t = at::detail::empty_generic(size, &storage_less_allocator(), kZionKeys, dtype, std::nullopt);
+  if (previous != device) set_current_device(previous);
+  return t;
+}
+
+bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  if (!timing_only()) return false;
+  const size_t n = op.schema().arguments().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(n); it != stack->end(); ++it) {
+    if (holds_storage_less(*it)) return true;
+  }
+  return false;
+}
+
+void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  if (is_embedding_bag_family(schema.name())) {
+    narrowed_embedding_bag(op, stack);
+    return;
+  }
+  TORCH_CHECK(!is_data_dependent(schema.name()), "zion timing-only: ", schema.operator_name(),
+              " needs the values of a storage-less tensor (the shape of its result depends on them), which "
+              "timing-only mode does not keep. Integer and bool tensors made from real data (indices, offsets, "
+              "lengths, masks) stay real; this one was computed from storage-less floats");
+  const size_t num_args = schema.arguments().size();
+  MetaCall call{op};
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    const std::string& name = schema.arguments()[i].name();
+    if (name == "pin_memory") {
+      v = c10::IValue();
+      continue;
+    }
+    check_no_storage_less_index(schema, v, name);
+    v = call.convert(std::move(v));
+  }
+  if (call.device < 0) call.device = current_device();
+  if (schema.name() == "aten::relu" && schema.overload_name().empty()) {
+    // relu's Meta kernel is Python (torch._refs, ~100 us a call); its CPU
+    // kernel is clamp_min(self, 0), whose Meta kernel is C++.
+    at::Tensor out = at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), args[0].toTensor(), 0);
+    torch::jit::drop(*stack, num_args);
+    stack->emplace_back(std::move(out));
+  } else {
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
+    } catch (const c10::NotImplementedError& e) {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "zion timing-only: ", schema.operator_name(),
+                                  " read a storage-less tensor and has no Meta kernel to give its results' shapes, "
+                                  "so timing-only mode cannot run it (", e.what_without_backtrace(), ")");
+    }
+  }
+  // Written arguments take the new metadata the kernel gave their aliases.
+  for (auto& [a, z] : call.arg_of) {
+    at::Tensor alias(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(a));
+    call.zion_storage(alias.storage().unsafeGetStorageImpl());
+    sync_metadata(alias, z);
+  }
+  std::vector<at::Tensor> outputs;
+  const size_t num_returns = schema.returns().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
+    *it = call.convert_result(std::move(*it));
+    if (it->isTensor()) outputs.push_back(it->toTensor());
+  }
+  charge_op(op, call.device, call.inputs, outputs);
+}
+
+at::Scalar placeholder_scalar(const at::Tensor& t, const char* what) {
+  record_placeholder_read(t, what);
+  if (c10::isFloatingType(t.scalar_type())) return at::Scalar(0.0);
+  if (c10::isComplexType(t.scalar_type())) return at::Scalar(c10::complex<double>(0.0, 0.0));
+  if (t.scalar_type() == c10::kBool) return at::Scalar(false);
+  return at::Scalar(int64_t{0});
+}
+
+void record_placeholder_read(const at::Tensor& t, const char* what) {
+  std::string (*call_site)() = placeholders().call_site;
+  const std::string site = call_site ? call_site() : std::string();
+  if (count_placeholder(site, what, t)) {
+    TORCH_WARN("zion timing-only: ", what, " read the value of a storage-less ", t.scalar_type(), " tensor of shape ",
+               t.sizes(), (site.empty() ? "" : " at "), site,
+               "; timing-only mode keeps no float values, so 0 stands in for it. The run's report lists every "
+               "placeholder read; this warning is shown once per call site");
+  }
+}
+
+std::vector<PlaceholderRead> placeholder_reads() {
+  PlaceholderRegistry& r = placeholders();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.reads;
+}
+
+void reset_placeholder_reads() {
+  PlaceholderRegistry& r = placeholders();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.reads.clear();
+}
+
+void set_call_site_reader(std::string (*reader)()) { placeholders().call_site = reader; }
+
+}  // namespace zion::device
