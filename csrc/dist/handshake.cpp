@@ -13,7 +13,7 @@ namespace {
 
 // Fixed fields of a side, then send_counts[size], then recv_counts[size].
 // Doubles carry every field exactly (integers below 2^53).
-enum Field { kStart, kDevice, kHost, kCall, kDtype, kNumel, kRoot, kReduceOp, kError, kHasCounts, kFixed };
+enum Field { kStart, kDevice, kHost, kCall, kDtype, kNumel, kRoot, kReduceOp, kError, kStorageLess, kHasCounts, kFixed };
 
 std::vector<double> encode(const RankSide& s, int size) {
   std::vector<double> v(kFixed + 2 * size, 0.0);
@@ -26,6 +26,7 @@ std::vector<double> encode(const RankSide& s, int size) {
   v[kRoot] = static_cast<double>(s.root);
   v[kReduceOp] = static_cast<double>(s.reduce_op);
   v[kError] = s.error.empty() ? 0 : 1;
+  v[kStorageLess] = s.storage_less ? 1 : 0;
   bool counts = static_cast<int>(s.send_counts.size()) == size && static_cast<int>(s.recv_counts.size()) == size;
   v[kHasCounts] = counts ? 1 : 0;
   for (int i = 0; counts && i < size; ++i) {
@@ -46,6 +47,7 @@ RankSide decode(const double* v, int size) {
   s.root = static_cast<int64_t>(v[kRoot]);
   s.reduce_op = static_cast<int64_t>(v[kReduceOp]);
   if (v[kError] != 0) s.error = "error";
+  s.storage_less = v[kStorageLess] != 0;
   if (v[kHasCounts] != 0) {
     for (int i = 0; i < size; ++i) {
       s.send_counts.push_back(static_cast<int64_t>(v[kFixed + i]));
@@ -216,6 +218,7 @@ Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const 
   for (int q = 0; q < present; ++q) {
     a.sides[ranks.present[q]] = decode(all + q * width, size);
     a.start = std::max(a.start, a.sides[ranks.present[q]].start);
+    a.payload = a.payload && !a.sides[ranks.present[q]].storage_less;
   }
   if (!ranks.all()) add_absent_sides(a, ranks);
   for (const auto& s : a.sides) a.devices.push_back(s.device);

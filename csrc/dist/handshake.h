@@ -47,6 +47,9 @@ struct RankSide {
   double start = 0;  // seconds on this rank's virtual timeline
   int device = 0;    // global device id (node-major, OAM-minor)
   bool host = false;  // CPU tensors: data through gloo, no modeled time
+  // Timing-only mode: some tensor of the call has no bytes (storage-less),
+  // so no rank's payload moves.
+  bool storage_less = false;
   Call call = Call::kAllReduce;
   int dtype = -1;      // c10::ScalarType; must agree
   int64_t numel = 0;   // the size every rank must pass (what it means depends on the call)
@@ -64,6 +67,7 @@ struct Agreement {
   std::vector<RankSide> sides;  // indexed by group rank, absent ranks included
   double start = 0;             // the latest start
   std::vector<int> devices;     // global device of each group rank
+  bool payload = true;          // false when any rank's tensors are storage-less: no data moves
 };
 
 // All-gathers every present rank's side through `gloo` (the present ranks'

@@ -13,6 +13,12 @@
 //
 // CPU tensors take the same path without modeled time.
 //
+// Timing-only mode: a storage-less tensor has no bytes to send. Each side
+// says so in its record; a sender without bytes posts no gloo send, and its
+// receiver posts no gloo receive (a receiving tensor with bytes then becomes
+// storage-less, its values unknown). A receiver without bytes takes a real
+// sender's bytes into a scratch buffer, so that the send completes.
+//
 // A peer that does not run as a process (a world bigger than its
 // processes, present_ranks.h) cannot send or receive: both calls refuse it.
 
@@ -37,6 +43,7 @@ struct PeerSide {
   double bytes = 0;
   double device = 0;
   double host = 0;  // 1: a CPU tensor
+  double storage_less = 0;  // 1: a tensor without bytes (timing-only mode)
 };
 
 std::vector<uint8_t> encode(const PeerSide& s) {
@@ -83,15 +90,15 @@ const at::Tensor& only_tensor(const std::vector<at::Tensor>& tensors, const char
 }
 
 // What this side tells its peer through the store.
-PeerSide side_of(const TransferEnd& e, int global_device) {
-  return {e.start, e.bytes, static_cast<double>(global_device), e.host ? 1.0 : 0.0};
+PeerSide side_of(const TransferEnd& e, int global_device, bool storage_less) {
+  return {e.start, e.bytes, static_cast<double>(global_device), e.host ? 1.0 : 0.0, storage_less ? 1.0 : 0.0};
 }
 
 std::string key(int src, int dst, int64_t seq, const char* side) {
   return "zion/p2p/" + std::to_string(src) + ">" + std::to_string(dst) + "/" + std::to_string(seq) + "/" + side;
 }
 
-// A receive posted to gloo, and what its sender said.
+// A receive posted to gloo (none when the sender has no bytes), and what its sender said.
 struct PostedRecv {
   c10::intrusive_ptr<c10d::Work> gloo;
   PeerSide sender;
@@ -140,11 +147,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
     seq = send_seq_[dst]++;
   }
   const TransferEnd end = transfer_end(t);
-  const PeerSide mine = side_of(end, placement_.device);
+  const bool no_bytes = device::is_storage_less(t);
+  const PeerSide mine = side_of(end, placement_.device, no_bytes);
   store_->set(key(getRank(), dst, seq, "send"), encode(mine));
-  std::vector<at::Tensor> data{gloo_view(t)};
+  std::vector<at::Tensor> data;
   c10::intrusive_ptr<c10d::Work> gloo_work;
-  {
+  if (!no_bytes) {
+    data.push_back(gloo_view(t));
     WithoutPythonObjectsInTls gloo_call;
     gloo_work = gloo_->send(data, ranks_.gloo_rank[dst], tag);
   }
@@ -153,7 +162,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
   auto finish = [self, gloo_work, data, end, mine, dst, seq, rank]() -> sim::Seconds {
     PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, seq, "recv"), mine, true, dst);
-    gloo_work->wait();
+    if (gloo_work) gloo_work->wait();
     if (end.host) return 0;
     return self->charge_transfer("send", end, static_cast<int>(mine.device), static_cast<int>(theirs.device), theirs.start);
   };
@@ -174,17 +183,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
     previous = pending_recv_[src];
   }
   const TransferEnd end = transfer_end(t);
-  const PeerSide mine = side_of(end, placement_.device);
+  const bool no_bytes = device::is_storage_less(t);
+  const PeerSide mine = side_of(end, placement_.device, no_bytes);
   store_->set(key(src, getRank(), seq, "recv"), encode(mine));
 
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
   const std::string theirs_key = key(src, getRank(), seq, "send");
-  std::vector<at::Tensor> data{gloo_view(t)};
+  // Without bytes of its own, a receive from a real sender lands in scratch.
+  std::vector<at::Tensor> data{no_bytes ? at::empty({static_cast<int64_t>(end.bytes)}, at::kByte) : gloo_view(t)};
   // Reads the sender's side (waiting for its send), checks it and posts the
   // receive to gloo.
   const int gloo_src = ranks_.gloo_rank[src];
   auto post = [self, theirs_key, mine, data, src, gloo_src, tag]() -> PostedRecv {
     PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src);
+    if (theirs.storage_less != 0) return {{}, theirs};  // nothing is sent
     std::vector<at::Tensor> buffer = data;
     WithoutPythonObjectsInTls gloo_call;
     return {self->gloo_->recv(buffer, gloo_src, tag), theirs};
@@ -215,9 +227,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
              }).share();
   }
 
-  auto finish = [self, posted, end, mine]() -> sim::Seconds {
+  auto finish = [self, posted, end, mine, t]() -> sim::Seconds {
     const PostedRecv& r = posted.get();
-    r.gloo->wait();
+    if (r.gloo) {
+      r.gloo->wait();
+    } else {
+      forget_values({t});  // the sender had no bytes: this tensor's values are unknown
+    }
     if (end.host) return 0;
     return self->charge_transfer("recv", end, static_cast<int>(r.sender.device), static_cast<int>(mine.device), r.sender.start);
   };

@@ -148,6 +148,7 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
   p.side.host = !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
     return t.defined() && t.device().is_cpu();
   });
+  p.side.storage_less = any_storage_less(tensors);
   for (const auto& t : tensors) {
     std::string problem = tensor_problem(t, call, p.device, p.side.host);
     if (!problem.empty()) {
@@ -203,7 +204,13 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_
   {
     WithoutPythonObjectsInTls gloo_calls;
     agreed = agree(*gloo_, getRank(), ranks_, p.side);
-    move_data(agreed);
+    // Timing-only mode: storage-less tensors have no payload to move; the
+    // ranks agreed on everything the model needs all the same.
+    if (agreed.payload) {
+      move_data(agreed);
+    } else {
+      forget_values(p.outputs);
+    }
   }
   if (p.side.host) {
     // CPU tensors: moved as a gloo group would, on no modeled timeline.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/aten/tensor_alias.h"
+#include "device/aten/timing.h"
 #include "dist/present_ranks.h"
 
 namespace zion::dist {
@@ -38,6 +39,26 @@ inline int64_t numel(const std::vector<at::Tensor>& tensors) {
     if (t.defined()) total += t.numel();
   }
   return total;
+}
+
+// Whether any of the tensors has no bytes (timing-only mode's storage-less tensors).
+inline bool any_storage_less(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (device::is_storage_less(t)) return true;
+  }
+  return false;
+}
+
+// After a collective that moved no payload (some rank's tensors had no
+// bytes): outputs that still hold bytes would hold values computed from
+// unknown ones, so those that are whole storages become storage-less too;
+// a view into a larger storage keeps its old values.
+inline void forget_values(const std::vector<at::Tensor>& outputs) {
+  for (const auto& t : outputs) {
+    if (t.defined() && t.device().is_privateuseone() && !device::is_storage_less(t) && device::covers_storage(t)) {
+      device::make_storage_less(t);
+    }
+  }
 }
 
 // Keeps the first problem: the one the user should fix first.
