@@ -29,9 +29,10 @@ from zion_emu.report_text import rank_ranges
 
 # Three steps of all_reduce, an exchange of lengths (int64, one per peer),
 # all_to_all_single with uneven splits (rank r sends 1 + (j - r) % n % 3 rows
-# of 4 floats to rank j), all_gather and barrier; then a broadcast from rank 5
-# and all_gather_object. The all-to-alls run in a group that prices them
-# with `direct`, which applies at any n.
+# of 4 floats to rank j), all_gather and barrier; then rooted and reducing
+# collectives of integers (rank 5 is a root) and all_gather_object. The
+# all-to-alls (and gather and scatter, priced as all-to-alls) run in a group
+# that prices them with `direct`, which applies at any n.
 SCRIPT = """
 import json, os, sys, torch, torch.distributed as dist
 import zion_emu
@@ -60,8 +61,25 @@ for step in range(3):
     records["barrier"] = zd.last_collective()
     w.grad = torch.ones_like(w)
     opt.step()
-root_value = torch.tensor([rank], device=dev)
+# Integer data (real in timing-only mode too): what absent ranks contribute.
+def ints(*values):
+    return torch.tensor(values, dtype=torch.int64, device=dev)
+root_value = ints(rank)
 dist.broadcast(root_value, src=5)
+gathered = torch.empty(n, dtype=torch.int64, device=dev)
+dist.all_gather_into_tensor(gathered, ints(rank))
+summed = ints(0)
+dist.reduce_scatter_tensor(summed, torch.ones(n, dtype=torch.int64, device=dev))
+listed = ints(0)
+dist.reduce_scatter(listed, [ints(r) for r in range(n)])
+pieces = [ints(-1) for _ in range(n)] if rank == 0 else None
+dist.gather(ints(rank), pieces, dst=0, group=direct)  # priced as an all-to-all with one column
+mine = ints(-1)
+dist.scatter(mine, [ints(10 * r) for r in range(n)] if rank == 0 else None, src=0, group=direct)
+dist.reduce(ints(rank), dst=5)
+data = {"broadcast": root_value.tolist(), "all_gather_into_tensor": gathered.tolist(), "reduce_scatter_tensor":
+        summed.tolist(), "reduce_scatter": listed.tolist(), "gather": [p.item() for p in pieces] if pieces else None,
+        "scatter": mine.tolist()}
 names = [None] * n
 dist.all_gather_object(names, f"rank {rank}")
 p2p, probe = None, torch.ones(2, device=dev)
@@ -72,7 +90,7 @@ if "--probe-p2p" in sys.argv and rank == 0:
         p2p = str(e).splitlines()[0]
 keep = ("time", "start", "end", "bytes", "devices", "algorithm")
 print("RANK " + json.dumps({"rank": rank, "mode": zion_emu.mode(), "world": n, "recv": recv, "names": names,
-                           "root_value": root_value.tolist(), "p2p": p2p,
+                           "data": data, "p2p": p2p,
                            "records": {k: {f: v[f] for f in keep} for k, v in records.items()}}))
 dist.destroy_process_group()
 """
@@ -191,11 +209,19 @@ def test_a_world_of_16_run_by_2_processes_is_priced_as_16_processes(tmp_path):
         sim.collective(zionex, "all_to_all", largest, 16, algo="direct", all_to_all_bytes=matrix).time, rel=1e-12)
     assert records["all_gather"]["bytes"] == 256 * 4 * 16
 
-    # Data: a broadcast from absent rank 5 carries its counterpart's (rank 0's) value; all_gather_object
-    # gives each absent rank its counterpart's object.
-    assert two[0]["root_value"] == two[8]["root_value"] == [0] and all16[8]["root_value"] == [5]
-    assert two[8]["names"] == [f"rank {0 if r < 8 else 8}" for r in range(16)]
-    assert all16[8]["names"] == [f"rank {r}" for r in range(16)]
+    # Data. With 16 processes, each rank's own; with ranks 0 and 8, an absent rank's pieces are its
+    # counterpart's (0 for 1..7, 8 for 9..15), reductions sum the two running ranks, a broadcast from
+    # absent rank 5 carries rank 0's value, and the reduce to rank 5 moves nothing.
+    counterpart = [0 if r < 8 else 8 for r in range(16)]
+    for r in (0, 8):
+        assert all16[r]["data"] == {"broadcast": [5], "all_gather_into_tensor": list(range(16)),
+                                    "reduce_scatter_tensor": [16], "reduce_scatter": [16 * r],
+                                    "gather": list(range(16)) if r == 0 else None, "scatter": [10 * r]}
+        assert two[r]["data"] == {"broadcast": [0], "all_gather_into_tensor": counterpart,
+                                  "reduce_scatter_tensor": [2], "reduce_scatter": [2 * r],
+                                  "gather": counterpart if r == 0 else None, "scatter": [10 * r]}
+        assert two[r]["names"] == [f"rank {p}" for p in counterpart]
+        assert all16[r]["names"] == [f"rank {q}" for q in range(16)]
     assert "does not run as a process" in two[0]["p2p"] and "0, 8 of 16" in two[0]["p2p"]
 
     # The report names the world, the running and modeled ranks, and the assumptions.
