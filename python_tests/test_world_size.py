@@ -89,9 +89,9 @@ if "--probe-p2p" in sys.argv and rank == 0:
     except RuntimeError as e:
         p2p = str(e).splitlines()[0]
 keep = ("time", "start", "end", "bytes", "devices", "algorithm")
-print("RANK " + json.dumps({"rank": rank, "mode": zion_emu.mode(), "world": n, "recv": recv, "names": names,
-                           "data": data, "p2p": p2p,
-                           "records": {k: {f: v[f] for f in keep} for k, v in records.items()}}))
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:  # the ranks' stdout may interleave
+    json.dump({"rank": rank, "mode": zion_emu.mode(), "world": n, "recv": recv, "names": names, "data": data,
+               "p2p": p2p, "records": {k: {f: v[f] for f in keep} for k, v in records.items()}}, f)
 dist.destroy_process_group()
 """
 
@@ -103,15 +103,15 @@ def _script(tmp_path: Path) -> Path:
 
 
 def _run(tmp_path: Path, name: str, *args: str, timeout_s: float = 180) -> tuple[dict[int, dict], RunReport, str]:
-    """Runs the script; returns each rank's printed record, the report and stdout."""
-    out = tmp_path / f"{name}.json"
-    r = zion_emu_cli("run", "--platform", "zionex", "--report", str(out), *args, str(_script(tmp_path)),
+    """Runs the script; returns each rank's record, the report and stdout."""
+    out, records = tmp_path / f"{name}.json", tmp_path / name
+    records.mkdir()
+    r = zion_emu_cli("run", "--platform", "zionex", "--report", str(out), *args, str(_script(tmp_path)), str(records),
                      *(["--probe-p2p"] if "--ranks" in args else []), timeout_s=timeout_s)
     ranks = {}
-    for line in r.stdout.splitlines():
-        if line.startswith("RANK "):
-            d = json.loads(line[5:])
-            ranks[d["rank"]] = d
+    for path in records.glob("rank*.json"):
+        d = json.loads(path.read_text())
+        ranks[d["rank"]] = d
     return ranks, RunReport.from_json(json.loads(out.read_text())), r.stdout
 
 
@@ -282,7 +282,7 @@ else:
     c = ints(True)
     dist.recv(c, 0)  # bytes sent to a receiver without bytes: received into scratch
     dist.send(ints(True), 0)
-print("MIXED", rank, known(a), known(b), known(c))
+os.write(1, f"MIXED {rank} {known(a)} {known(b)} {known(c)}\\n".encode())  # one write: the ranks share stdout
 dist.barrier()
 dist.destroy_process_group()
 """

@@ -170,8 +170,8 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         if global_rank not in world_present:
             raise ValueError(f"zion backend: this process is rank {global_rank}, which {PRESENT_RANKS_ENV} "
                              f"({os.environ[PRESENT_RANKS_ENV]}) does not list")
-        members = global_ranks or list(range(size))
-        present = [g for g, r in enumerate(members) if r in set(world_present)]
+        members, running = global_ranks or list(range(size)), set(world_present)
+        present = [g for g, r in enumerate(members) if r in running]
         if len(present) == size:
             present = []
     # The inner gloo backend gets a store namespace of its own, and holds the present ranks alone.
