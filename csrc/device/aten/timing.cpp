@@ -201,11 +201,7 @@ void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* st
   aliases.set_device(device);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   aliases.commit();
-  auto storage_less_like = [&](const at::Tensor& t) {
-    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-    if (shape.size() == 2 && d >= 0) shape[1] = d;
-    return empty_storage_less(shape, t.scalar_type(), device);
-  };
+  auto storage_less_like = [&](const at::Tensor& t) { return storage_less_result(t, d, kStandInWidth, device); };
   const size_t num_returns = schema.returns().size();
   std::vector<at::Tensor> outputs;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
@@ -334,6 +330,30 @@ at::Tensor empty_storage_less(c10::IntArrayRef size, c10::ScalarType dtype, c10:
   at::Tensor t = at::detail::empty_generic(size, &storage_less_allocator(), kZionKeys, dtype, std::nullopt);
   if (previous != device) set_current_device(previous);
   return t;
+}
+
+at::Tensor storage_less_result(const at::Tensor& cpu, int64_t d, int64_t width, c10::DeviceIndex device) {
+  std::vector<int64_t> sizes(cpu.sizes().begin(), cpu.sizes().end());
+  const bool narrowed = d > width && !sizes.empty() && sizes.back() == width;
+  if (narrowed) sizes.back() = d;
+  if (!cpu.has_storage() || !cpu.is_contiguous()) return empty_storage_less(sizes, cpu.scalar_type(), device);
+  // The same share of a storage as large as the CPU kernel's (it may have
+  // allocated more than the result uses, as coalesce does): the pool
+  // accounts what real mode's adopted storage would hold.
+  size_t nbytes = cpu.storage().nbytes();
+  int64_t offset = cpu.storage_offset();
+  if (narrowed) {
+    nbytes = nbytes / static_cast<size_t>(width) * static_cast<size_t>(d);
+    offset = offset / width * d;
+  }
+  const c10::DeviceIndex previous = current_device();
+  if (previous != device) set_current_device(device);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &storage_less_allocator(), true);
+  if (previous != device) set_current_device(previous);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), kZionKeys, cpu.dtype());
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(offset);
+  return at::Tensor(std::move(impl));
 }
 
 bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
