@@ -382,6 +382,7 @@ def _legacy_types() -> dict[str, type]:
 # torch.cuda, answered by torch.zion.
 def _cuda_module_functions() -> dict[str, Any]:
     z = torch.zion
+    from zion_emu import memory as zion_memory
 
     def is_available() -> bool:
         return True
@@ -467,6 +468,9 @@ def _cuda_module_functions() -> dict[str, Any]:
         "reset_max_memory_allocated": with_index(z.reset_peak_memory_stats),
         "reset_max_memory_cached": with_index(z.reset_peak_memory_stats), "empty_cache": empty_cache,
         "is_bf16_supported": is_bf16_supported, "is_current_stream_capturing": is_current_stream_capturing,
+        # torch.cuda.memory's history and snapshots: zion's (zion_emu.memory).
+        "_record_memory_history": zion_memory._record_memory_history, "_snapshot": zion_memory._snapshot,
+        "_dump_snapshot": zion_memory._dump_snapshot,
     }
     return names
 

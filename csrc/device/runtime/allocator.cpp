@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "device/runtime/memory_history.h"
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
@@ -25,6 +26,7 @@ struct Allocation {
 
 void delete_allocation(void* context) {
   std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
+  memory_history().freed(a->device, a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
   allocator().release(a->device, a->ptr, a->nbytes);
 }
 
@@ -80,18 +82,30 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
   }
 }
 
+void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
+  try {
+    reserve(device, nbytes);
+  } catch (const c10::OutOfMemoryError&) {
+    // Outside the pool's lock: the memory history may take the GIL for the stack.
+    memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
+    throw;
+  }
+}
+
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
-  reserve(device, nbytes);
+  reserve_or_record_oom(device, nbytes);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
-  reserve(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  reserve_or_record_oom(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
   void* data = bytes.get();
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }

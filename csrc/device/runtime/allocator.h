@@ -56,6 +56,7 @@ class HbmAllocator final : public c10::DeviceAllocator {
   };
   Pool& pool(c10::DeviceIndex device);
   void reserve(c10::DeviceIndex device, size_t nbytes);  // accounts, or raises OutOfMemoryError
+  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes);  // reserve, telling the memory history of an OOM
 
   mutable std::mutex mutex_;
   std::vector<Pool> pools_;
