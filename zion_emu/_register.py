@@ -39,6 +39,10 @@ def register() -> None:
     comm.install()
     zion_device.comm = comm
     sys.modules["torch.zion.comm"] = comm
+    from zion_emu import memory
+
+    zion_device.memory = memory  # torch.zion.memory, as torch.cuda.memory: history and snapshots
+    sys.modules["torch.zion.memory"] = memory
 
     # Before finalization: autograd's zion worker threads must not be holding
     # a finished backward pass (and its Python objects) when the interpreter

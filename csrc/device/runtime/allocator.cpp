@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "device/runtime/memory_history.h"
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
@@ -35,6 +36,7 @@ std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not b
 void delete_allocation(void* context) {
   std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
+  memory_history().freed(a->device, a->storage_less ? a.get() : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
   allocator().release(a->device, a->ptr, a->nbytes);
 }
 
@@ -90,22 +92,35 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
   }
 }
 
+void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
+  try {
+    reserve(device, nbytes);
+  } catch (const c10::OutOfMemoryError&) {
+    // Outside the pool's lock: the memory history may take the GIL for the stack.
+    memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
+    throw;
+  }
+}
+
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
   check_host_backing(device, nbytes);
-  reserve(device, nbytes);
+  reserve_or_record_oom(device, nbytes);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
-  reserve(device, nbytes);
+  reserve_or_record_oom(device, nbytes);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
-  return {nullptr, new Allocation{device, nbytes, nullptr, {}, true}, &delete_allocation,
-          c10::Device(c10::DeviceType::PrivateUse1, device)};
+  auto* allocation = new Allocation{device, nbytes, nullptr, {}, true};
+  // No bytes, so the memory history knows it by its bookkeeping's address.
+  memory_history().allocated(device, allocation, nbytes);
+  return {nullptr, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
 
 namespace {
@@ -212,8 +227,9 @@ c10::Allocator& storage_less_allocator() {
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
-  reserve(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  reserve_or_record_oom(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
   void* data = bytes.get();
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
