@@ -95,16 +95,34 @@ def test_embedding_bag_offsets_give_the_real_integer_results():
         idx = torch.tensor([3, 7, 7, 1, 9, 2], device="zion"); off = torch.tensor([0, 2, 2, 5], device="zion")
         out, offset2bag, bag_size, max_idx = torch.ops.aten._embedding_bag(w, idx, off, False, 0, False, None, False)
         ref = torch.ops.aten._embedding_bag(torch.zeros(100, 32), idx.cpu(), off.cpu(), False, 0, False, None, False)
-        print(list(out.shape), offset2bag.tolist() == ref[1].tolist(), bag_size.tolist() == ref[2].tolist())
+        print(list(out.shape), offset2bag.tolist() == ref[1].tolist(), bag_size.tolist() == ref[2].tolist(),
+              max_idx.tolist() == ref[3].tolist())
+        same = []
+        for mode in (0, 1):  # sum, mean; with and without a padding row
+            for padding in (-1, 7):
+                got = torch.ops.aten._embedding_bag(w, idx, off, False, mode, False, None, False, padding)
+                want = torch.ops.aten._embedding_bag(torch.zeros(100, 32), idx.cpu(), off.cpu(), False, mode, False,
+                                                     None, False, padding)
+                same.append(all(g.tolist() == r.tolist() for g, r in zip(got[1:], want[1:])))
+        print(same)
+        messages = []
+        for weight, indices in ((w, idx + 95), (torch.zeros(100, 32), idx.cpu() + 95)):
+            try:
+                torch.ops.aten._embedding_bag(weight, indices, off.to(indices.device), False, 0, False, None, False)
+            except RuntimeError as e:
+                messages.append(str(e).split(chr(10))[0])
+        print("out of range:", len(messages) == 2 and messages[0] == messages[1])
         print(zion_emu._C.device.is_storage_less(out), zion_emu._C.device.is_storage_less(bag_size))
         out.sum().backward()
         g = w.grad
         print(list(g.shape), zion_emu._C.device.is_storage_less(g))
     """, "timing")
     lines = done.stdout.split("\n")
-    assert lines[0] == "[4, 32] True True"
-    assert lines[1] == "True False"
-    assert lines[2] == "[100, 32] True"
+    assert lines[0] == "[4, 32] True True True"
+    assert lines[1] == "[True, True, True, True]"
+    assert lines[2] == "out of range: True"
+    assert lines[3] == "True False"
+    assert lines[4] == "[100, 32] True"
 
 
 def test_sparse_gradients_have_real_indices_and_storage_less_values():

@@ -2,6 +2,8 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/TensorImpl.h>
@@ -161,6 +163,41 @@ struct MetaCall {
 // kernel on every call at widths 1 and 2); the float results, and max mode's
 // max_indices, come back storage-less with D put back. The integer results
 // are the CPU kernel's own, so they equal real mode's.
+bool is_embedding_bag_forward(const std::string& name) {
+  return name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only";
+}
+
+// The forward kernel's integer results (offset2bag, bag_size, and in sum and
+// mean modes max_indices) depend on the offsets and on which indices are the
+// padding row, not on which other rows are looked up. When every index is in
+// range, the stand-in weight is one row (two with a padding row) and the
+// indices are remapped onto it: a table of any size costs its batch's
+// lookups only. Out of range, a full-size contiguous stand-in takes real
+// mode's path, so the kernel raises real mode's error. Arguments as _embedding_bag's schema: (weight,
+// indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+// include_last_offset, padding_idx).
+void use_tiny_weight(torch::jit::Stack::iterator args, int64_t rows, int64_t width) {
+  const at::Tensor& indices = args[1].toTensor();
+  if (indices.numel() > 0) {
+    auto [lowest, highest] = at::aminmax(indices);
+    if (lowest.item<int64_t>() < 0 || highest.item<int64_t>() >= rows) {
+      // The contiguous path that real mode's weight takes checks the indices, with its message.
+      args[0] = at::zeros({rows, width}, args[0].toTensor().options());
+      return;
+    }
+  }
+  const at::Tensor& weight = args[0].toTensor();
+  const int64_t padding = args[8].isInt() ? args[8].toInt() : -1;
+  if (padding >= 0 && padding < rows) {
+    args[1] = indices.eq(padding).to(indices.scalar_type());
+    args[8] = int64_t{1};
+    args[0] = at::zeros({2, width}, weight.options());
+  } else {
+    args[1] = at::zeros_like(indices);
+    args[0] = at::zeros({1, width}, weight.options());
+  }
+}
+
 void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   constexpr int64_t kStandInWidth = 4;
   // A stand-in of more elements than this is one zero broadcast (no bytes),
@@ -195,8 +232,13 @@ void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* st
     }
     int64_t numel = 1;
     for (int64_t extent : shape) numel *= extent;
-    v = numel > kContiguousStandIn ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
-                                   : at::zeros(shape, t.options().device(c10::kCPU));
+    // A forward's weight is replaced by a tiny one below, if its indices allow.
+    const bool broadcast = numel > kContiguousStandIn || (i == 0 && is_embedding_bag_forward(schema.name()));
+    v = broadcast ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
+                  : at::zeros(shape, t.options().device(c10::kCPU));
+  }
+  if (is_embedding_bag_forward(schema.name()) && is_storage_less(inputs.at(0))) {
+    use_tiny_weight(args, inputs.at(0).size(0), d < 0 ? inputs.at(0).size(-1) : std::min(d, kStandInWidth));
   }
   aliases.set_device(device);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
