@@ -8,10 +8,11 @@ interpreter (in both modes where the two are compared)."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
-from processes import child_env, run_python
+from processes import child_env, run_python, zion_emu_cli
 
 # A small training step whose modeled time and memory the two modes must agree on.
 TRAINING_STEP = """
@@ -232,3 +233,25 @@ def test_timing_only_mode_allocates_what_the_host_could_not_back():
         print("allocated:", torch.zion.memory_allocated(0) == (request // 4) * 4)
     """, "timing")
     assert "allocated: True" in done.stdout
+
+
+def test_the_run_report_lists_the_mode_and_every_placeholder_read(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, zion_emu
+        lin = torch.nn.Linear(8, 1, device="zion")
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        for step in range(3):
+            loss = lin(torch.randn(4, 8, device="zion")).pow(2).mean()
+            loss.backward(); opt.step(); opt.zero_grad()
+            print("loss", loss.item())
+    """))
+    report = tmp_path / "report.json"
+    done = zion_emu_cli("run", "--report", str(report), str(script), env=child_env(ZION_MODE="timing"))
+    assert done.stdout.count("loss 0.0") == 3
+    assert "timing-only mode: floating-point zion tensors had no host bytes" in done.stdout
+    assert f"{script}:8  item()  Float  x3" in done.stdout
+    data = json.loads(report.read_text())
+    assert data["mode"] == "timing"
+    assert data["placeholders"] == [{"site": f"{script}:8", "what": "item()", "dtype": "Float", "count": 3,
+                                     "ranks": [0]}]

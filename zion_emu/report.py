@@ -150,6 +150,9 @@ class RankSnapshot:
     spans: Spans | None = field(default=None, metadata={"json": False})
     span_labels: list[str] | None = field(default=None, metadata=_OMIT_NONE)
     status: RankStatus | None = field(default=None, metadata=_OMIT_NONE)
+    mode: str = "real"  # "timing": timing-only mode
+    # Reads of storage-less values (timing-only mode): site, what, dtype, count.
+    placeholders: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -237,6 +240,8 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         samples_per_iteration=None if iterations is None else iterations.samples_per_iteration,
         spans=spans if keep_spans else None,
         span_labels=list(_timeline.labels()) if keep_spans else None,
+        mode=_C.device.mode(),
+        placeholders=list(_C.device.placeholder_reads()),
     )
 
 
@@ -313,6 +318,9 @@ class RunReport:
     guessed_ops: dict[str, int]  # most often first
     status: RunStatus | None = field(default=None, metadata=_OMIT_NONE)
     cuda_compat_remapped: dict[str, int] | None = field(default=None, metadata=_OMIT_NONE)
+    mode: str = "real"  # "timing" if any rank ran in timing-only mode
+    # Placeholder reads over all ranks: site, what, dtype, count, ranks.
+    placeholders: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -384,6 +392,15 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         for op, n in s.guessed_ops.items():
             guessed[op] = guessed.get(op, 0) + n
 
+    placeholders: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for s in snaps:
+        for read in s.placeholders:
+            key = (read["site"], read["what"], read["dtype"])
+            acc = placeholders.setdefault(key, {"site": key[0], "what": key[1], "dtype": key[2], "count": 0,
+                                                "ranks": []})
+            acc["count"] += int(read["count"])
+            acc["ranks"].append(s.rank)
+
     breakdowns = [d.breakdown for d in devices if d.breakdown is not None]
     summary = Breakdown.mean(breakdowns) if breakdowns and len(breakdowns) == len(devices) else None
 
@@ -408,6 +425,8 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         links=sorted(links.values(), key=lambda link: -link.bytes),
         top_ops=top_ops,
         guessed_ops=dict(sorted(guessed.items(), key=lambda kv: -kv[1])),
+        mode="timing" if any(s.mode == "timing" for s in snaps) else "real",
+        placeholders=sorted(placeholders.values(), key=lambda r: -r["count"]),
     )
 
 

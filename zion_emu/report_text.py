@@ -95,6 +95,18 @@ def _guessed(report: RunReport) -> list[str]:
             *(f"  {op}  x{n}" for op, n in list(report.guessed_ops.items())[:10])]
 
 
+def _timing_only(report: RunReport) -> list[str]:
+    if report.mode != "timing":
+        return []
+    lines = ["timing-only mode: floating-point zion tensors had no host bytes; times and memory are modeled as in "
+             "real mode"]
+    if report.placeholders:
+        lines.append("placeholder reads (storage-less values read by the host, 0 stood in):")
+        lines += [f"  {r['site'] or '(unknown site)'}  {r['what']}  {r['dtype']}  x{r['count']}"
+                  for r in report.placeholders]
+    return lines
+
+
 def format_text(report: RunReport) -> str:
     """The report as ``zion-emu run`` prints it: the summary, where the time
     went, then devices, the kernels torch.compile generated, sockets, links,
@@ -103,7 +115,7 @@ def format_text(report: RunReport) -> str:
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
+    for section in (_summary, _timing_only, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"
