@@ -317,7 +317,6 @@ class LaterReport(rep.RunReport):
 
     simulated_ranks: int = field(default=64, kw_only=True)
     assumptions: list[str] = field(default_factory=list, kw_only=True)
-    placeholders: dict[str, str] = field(default_factory=dict, kw_only=True)
     fabric_model_revision: str = field(default="r7", kw_only=True)
 
 
@@ -327,12 +326,13 @@ def test_a_page_shows_report_fields_it_does_not_know_and_keeps_to_what_a_run_wit
     snap = snapshot([0], None, [], 2e-3, links=[rep.LinkCounters("fabric", 25e9, 56, 0.0, 0.0, 0)],
                     labels={"aten::mm": (1e-4, 3)}, busy={"compute": 1e-4})
     merged = rep.merge([snap])
+    merged.mode = "timing"
+    merged.placeholders = [{"site": "train.py:8", "what": "item()", "dtype": "Float", "count": 3, "ranks": [0]}]
     later = LaterReport(**{f.name: getattr(merged, f.name) for f in fields(merged)},
-                        assumptions=["all-to-all at 80 % of link bandwidth <unverified>"],
-                        placeholders={"aten::erfinv": "priced as one pass over its tensors"})
+                        assumptions=["all-to-all at 80 % of link bandwidth <unverified>"])
     page = report_html.run_html(later, [], command="python -m zion_emu run train.py")
     for text in ("Assumptions and placeholders", "simulated_ranks", ">64<",
-                 "all-to-all at 80 % of link bandwidth &lt;unverified&gt;", "aten::erfinv", "priced as one pass",
+                 "all-to-all at 80 % of link bandwidth &lt;unverified&gt;", "train.py:8", "item()",
                  "More report fields", "fabric_model_revision", ">r7<",
                  '<td>zion:0</td><td class="num">0</td><td class="num">5.0</td>',  # busy 0.1 of 2 ms
                  "No bytes moved over any link class", "No breakdown: spans were not recorded",

@@ -49,7 +49,7 @@ _PROMINENT = ("simulated_ranks", "assumptions", "placeholders")
 # Report fields the page shows in its own sections; any other is shown as it is.
 _SHOWN = {"platform", "ranks", "wall_s", "iterations", "iteration_s", "samples_per_iteration", "samples_per_s",
           "breakdown", "breakdown_note", "devices", "sockets", "links", "top_ops", "guessed_ops", "status",
-          "cuda_compat_remapped", *_PROMINENT}
+          "cuda_compat_remapped", "mode", *_PROMINENT}
 _DEVICE_COLUMNS = {"device", "rank", "busy_s", "busy_pct", "busy_by_activity_s", "flops", "bytes", "copy_bytes",
                    "ops", "guessed_ops", "peak_hbm_bytes", "hbm_capacity_bytes", "breakdown", "compiled_kernels",
                    "compiled_busy_s"}
@@ -416,6 +416,8 @@ def _page(title: str, command: str | None, sections: Sequence[tuple[str, str, st
 
 def _summary_rows(r: RunReport) -> list[tuple[str, str]]:
     rows = [("platform", _e(r.platform)), ("ranks", _e(r.ranks)), ("modeled wall time", _e(format_time(r.wall_s)))]
+    if r.mode == "timing":
+        rows.append(("mode", "timing-only (floating-point zion tensors had no host bytes)"))
     if r.iterations:
         rows.append(("iterations", f"{r.iterations} (optimizer steps)"))
     if r.iteration_s:
@@ -447,7 +449,7 @@ def _run_tables(r: RunReport, doc: Mapping[str, Any]) -> list[tuple[str, str, st
     out = []
     facts = "<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in _summary_rows(r)) + "</table>"
     out.append(("summary", "Summary", facts))
-    notes = "".join(f"<h3>{_e(k)}</h3>{_generic(doc[k])}" for k in _PROMINENT if k in doc)
+    notes = "".join(f"<h3>{_e(k)}</h3>{_generic(doc[k])}" for k in _PROMINENT if doc.get(k))
     if notes:
         out.append(("assumptions", "Assumptions and placeholders",
                     f'<div class="warn">{notes}</div>'))
