@@ -201,3 +201,42 @@ def test_zion_emu_run_reports_the_queries_of_an_unmodified_script(tmp_path):
     assert inf["p99_s"] == pytest.approx(linear_query_s(), rel=1e-9)
     assert inf["qps"] == pytest.approx(1 / linear_query_s(), rel=1e-9)
     assert "4 queries (top-level forwards with gradients off, after 1 warm-up)" in done.stdout
+
+
+def test_the_dlrm_examples_sweep_serves_each_size_on_the_oam_and_the_socket(fresh):
+    sys.path.insert(0, str(REPO / "examples" / "dlrm"))
+    import dlrm
+
+    lines: list[str] = []
+    args = dlrm.parse_args(["--config", "tiny", "--inference", "--batch-sizes", "1,8", "--num-batches", "3"])
+    rows = dlrm.serve(args, lines.append)
+    assert [r["batch"] for r in rows] == [1, 8]
+    for r in rows:
+        # Three identical queries: p50 = p99, and queries/s is one over that latency.
+        for name in ("oam", "socket"):
+            assert r[f"{name}_p50_ms"] == pytest.approx(r[f"{name}_p99_ms"], rel=1e-9)
+            assert r[f"{name}_qps"] == pytest.approx(1e3 / r[f"{name}_p50_ms"], rel=1e-9)
+        assert r["oam_scores"] == r["socket_scores"]  # the same model, numerics bit for bit
+    # An OAM query pays at least its three H2D copies' and one D2H copy's launches.
+    assert rows[0]["oam_p50_ms"] > 4 * LAUNCH * 1e3
+    assert rows[1]["oam_p50_ms"] > rows[0]["oam_p50_ms"] and rows[1]["socket_p50_ms"] > rows[0]["socket_p50_ms"]
+    assert [line.split()[2] for line in lines if line.startswith("inference batch")] == ["1", "8"]
+    wins = [r["batch"] for r in rows if r["oam_p50_ms"] < r["socket_p50_ms"]]
+    assert lines[-1].startswith("crossover oam_faster_from_batch ")
+    assert lines[-1].split()[2] == ("none" if 8 not in wins else str(1 if 1 in wins else 8))
+    assert inference.queries() == []  # each size's queries were its own
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-sizes", "1,8"], "without --inference it would do nothing"),
+    (["--inference", "--batch-sizes", "1,x"], "positive integers separated by commas"),
+    (["--inference", "--device", "cpu"], "needs --device zion"),
+    (["--inference", "--table-placement", "ddr"], "leave --table-placement at hbm"),
+])
+def test_the_dlrm_examples_inference_flags_refuse_what_they_cannot_do(argv, message, capsys):
+    sys.path.insert(0, str(REPO / "examples" / "dlrm"))
+    import dlrm
+
+    with pytest.raises(SystemExit) as e:
+        dlrm.parse_args(["--config", "tiny", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err

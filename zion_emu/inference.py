@@ -33,7 +33,8 @@ runs ahead of the devices, as on a GPU):
   is not observable from a hook -- its input copy was issued before its
   forward, among whatever the script did before -- so it is the warm-up:
   it closes, and its completion opens the second. Latencies and QPS count
-  the queries after it. Forwards inside an explicit query are not counted
+  the queries after it; forwards whose scores never come back to the host
+  (no device-to-host copy after them) close no query. Forwards inside an explicit query are not counted
   again, and any explicit query makes the report use the explicit ones.
 
 The pageable staging copy after a device-to-host copy (``bytes / DDR
@@ -46,7 +47,7 @@ runs each op, so both ways give the host clock's advance.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np

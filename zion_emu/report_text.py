@@ -126,14 +126,16 @@ def _timing_only(report: RunReport) -> list[str]:
 
 
 def format_text(report: RunReport) -> str:
-    """The report as ``zion-emu run`` prints it: the summary, where the time
-    went, then devices, the kernels torch.compile generated, sockets, links,
-    the top work and the guessed ops."""
+    """The report as ``zion-emu run`` prints it: the summary, the inference
+    queries (when there were any), where the time went, then devices, the
+    kernels torch.compile generated, sockets, links, the top work and the
+    guessed ops."""
     lines = []
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
+    for section in (_summary, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links, _top_ops,
+                    _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"
