@@ -5,6 +5,7 @@ Zion (``--device zion``, modeled time), on the CPU or on CUDA (wall time).
     torchrun --nproc-per-node 8 examples/dlrm/dlrm.py --config small --device zion
     python examples/dlrm/dlrm.py --config paper --device cpu --num-batches 3
     python -m zion_emu run --nproc 8 examples/dlrm/dlrm.py --config dcnv2 --table-placement auto --batch-size 4096
+    python examples/dlrm/dlrm.py --config small --inference --batch-sizes 1,64,512,4096   # serve: OAM vs socket
 
 Flags follow the public facebookresearch/dlrm reference (``--arch-*``,
 ``--mini-batch-size``, ...); ``--config`` sets them all at once and explicit
