@@ -5,6 +5,7 @@ Zion (``--device zion``, modeled time), on the CPU or on CUDA (wall time).
     torchrun --nproc-per-node 8 examples/dlrm/dlrm.py --config small --device zion
     python examples/dlrm/dlrm.py --config paper --device cpu --num-batches 3
     python -m zion_emu run --nproc 8 examples/dlrm/dlrm.py --config dcnv2 --table-placement auto --batch-size 4096
+    python examples/dlrm/dlrm.py --config small --inference --batch-sizes 1,64,512,4096   # serve: OAM vs socket
 
 Flags follow the public facebookresearch/dlrm reference (``--arch-*``,
 ``--mini-batch-size``, ...); ``--config`` sets them all at once and explicit
@@ -96,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-freq", type=int, default=1, help="print a line every N iterations")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (none when stderr is not a TTY)")
+    p.add_argument("--inference", action="store_true",
+                   help="zion only: serve instead of train. For each of --batch-sizes, --num-batches queries "
+                        "(copy the batch in, score it, copy the scores out) on the rank's OAM, tables in HBM, and "
+                        "the same model on the CPU socket the OAM hangs off (zion_emu.socket); prints p50/p99 "
+                        "latency and queries/s for both, and the batch size from which the OAM is faster")
+    p.add_argument("--batch-sizes", default="1,8,64,512",
+                   help="--inference: comma-separated batch sizes of one query (default 1,8,64,512)")
     return p
 
 
@@ -175,11 +183,33 @@ def _bytes(flag: str, text: str) -> int:
     return int(value)
 
 
+def _batch_sizes(args: argparse.Namespace) -> list[int]:
+    try:
+        sizes = [int(v) for v in args.batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(v < 1 for v in sizes):
+        raise UsageError(f"--batch-sizes {args.batch_sizes!r}: expected positive integers separated by commas, "
+                         f"e.g. 1,8,64,512")
+    if not args.inference:
+        raise UsageError("--batch-sizes is the query sizes of --inference; without --inference it would do nothing")
+    if args.device != "zion":
+        raise UsageError(f"--inference compares the modeled Zion's OAM and CPU socket; it needs --device zion, "
+                         f"not --device {args.device}")
+    if args.table_placement != "hbm":
+        raise UsageError("--inference places the tables itself (in HBM for the OAM, in the socket's DDR for the "
+                         "CPU); leave --table-placement at hbm")
+    return sizes
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return resolve(args)
+        args = resolve(args)
+        if args.inference or args.batch_sizes != parser.get_default("batch_sizes"):
+            args.query_sizes = _batch_sizes(args)
+        return args
     except UsageError as e:
         parser.error(str(e))
         raise  # parser.error exits
@@ -413,8 +443,85 @@ def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     return summary
 
 
+def serve(args: argparse.Namespace, emit: Callable[[str], None]) -> list[dict[str, float]]:
+    """``--inference``: one process, no optimizer, gradients off. For each
+    query size, ``--num-batches`` queries timed with zion_emu.inference.query
+    on the OAM (the batch's dense features, indices and offsets copied in, the
+    model, sigmoid, the scores copied out) and on the CPU socket the OAM hangs
+    off (the same model built in the socket's DDR: no copies, every op priced
+    on the socket). Emits a line per size and a last ``crossover`` line."""
+    import zion_emu
+    from zion_emu import inference, sockets
+
+    if _env_int("WORLD_SIZE", 1) > 1:
+        raise UsageError("--inference serves from one process; run it without torchrun or --nproc")
+    if args.platform is not None:
+        zion_emu.set_platform(args.platform)
+    device = torch.device("zion", _env_int("LOCAL_RANK", 0))
+    torch.zion.set_device(device)
+    socket = sockets.current_socket()  # the socket the OAM's PCIe switch hangs off
+    owners = [list(range(len(args.table_rows)))]
+    cpu = torch.device("cpu")
+    with zion_emu.socket(socket):
+        on_socket = (EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, 0, args.seed, cpu),
+                     DenseArch(args.bottom, args.top, len(args.table_rows), args.seed, cpu, args.arch_interaction_op,
+                               args.dcn_num_layers, args.dcn_low_rank_dim))
+    on_oam = (EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, 0, args.seed, device),
+              DenseArch(args.bottom, args.top, len(args.table_rows), args.seed, device, args.arch_interaction_op,
+                        args.dcn_num_layers, args.dcn_low_rank_dim))
+    for module in (*on_socket, *on_oam):
+        module.eval()
+
+    def one_query(model: tuple[nn.Module, nn.Module], batch: Batch, size: int, to: torch.device | None) -> torch.Tensor:
+        with inference.query():
+            dense, indices, offsets = batch.dense, batch.indices, batch.offsets
+            if to is not None:
+                moved = {id(o): o.to(to) for o in offsets}
+                dense, indices, offsets = dense.to(to), [i.to(to) for i in indices], [moved[id(o)] for o in offsets]
+            scores = torch.sigmoid(model[1](dense, model[0](indices, offsets, size)))
+            return scores.cpu()
+
+    rows = []
+    emit(f"# dlrm inference device zion:{device.index} vs socket {socket} platform "
+         f"{zion_emu.current_platform().name} queries per size {args.num_batches} (latencies modeled)")
+    for size in args.query_sizes:
+        data = SyntheticData(args.data, args.table_rows, args.bottom[0], args.table_lookups, size, 0, 1, owners[0],
+                             args.seed)
+        batches = [data.batch(i) for i in range(args.num_batches)]
+        row: dict[str, float] = {"batch": size}
+        for name, model, to in (("oam", on_oam, device), ("socket", on_socket, None)):
+            inference.reset()
+            torch.zion.synchronize(device)
+            with torch.inference_mode(), zion_emu.socket(socket):
+                scores = [one_query(model, b, size, to) for b in batches]
+            latencies = [end - start for start, end in inference.queries()]
+            stats = inference.latency_stats(latencies)
+            row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = stats["p50_s"] * 1e3, stats["p99_s"] * 1e3
+            row[f"{name}_qps"] = len(latencies) / sum(latencies)
+            row[f"{name}_scores"] = float(torch.cat(scores).sum())
+        inference.reset()
+        rows.append(row)
+        emit(f"inference batch {size} " + " ".join(
+            f"{name}_p50_ms {row[name + '_p50_ms']:.6f} {name}_p99_ms {row[name + '_p99_ms']:.6f} "
+            f"{name}_qps {row[name + '_qps']:.1f} {name}_samples_per_s {row[name + '_qps'] * size:.1f}"
+            for name in ("oam", "socket")))
+    wins = [r["batch"] for r in rows if r["oam_p50_ms"] < r["socket_p50_ms"]]
+    # The crossover: the smallest size from which the OAM is faster at every larger size measured.
+    crossover = next((r["batch"] for k, r in enumerate(rows) if all(x["batch"] in wins for x in rows[k:])), None)
+    emit(f"crossover oam_faster_from_batch {int(crossover) if crossover is not None else 'none'} "
+         f"(p50 latency; sizes where the OAM wins: {','.join(str(int(b)) for b in wins) or 'none'})")
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.inference:
+        try:
+            serve(args, lambda line: print(line, flush=True))
+        except UsageError as e:
+            print(f"dlrm.py: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         run = setup(args)
     except UsageError as e:
