@@ -255,3 +255,25 @@ def test_the_run_report_lists_the_mode_and_every_placeholder_read(tmp_path):
     assert data["mode"] == "timing"
     assert data["placeholders"] == [{"site": f"{script}:8", "what": "item()", "dtype": "Float", "count": 3,
                                      "ranks": [0]}]
+
+
+@pytest.mark.parametrize("mode", ["real", "timing"])
+def test_a_socket_refuses_what_the_host_cannot_back_in_either_mode(mode):
+    # CPU tensors in a socket's DDR keep their bytes in timing-only mode too.
+    done = run_python("""
+        import torch, zion_emu
+        available = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]) * 1024
+        request = available + (2 << 30)
+        zion_emu.set_platform(zion_emu.load_platform("zion", overrides={"socket.ddr_bytes": 4 * request}))
+        with zion_emu.socket(1):
+            keep = torch.ones(4)
+            try:
+                torch.empty(request // 4)
+            except RuntimeError as e:
+                print("refused:", e)
+        print("kept:", keep.sum().item(), zion_emu.sockets.memory(1).in_use)
+    """, env=child_env(ZION_MODE=mode))
+    out = done.stdout
+    assert "refused: zion: socket 1 cannot back an allocation of" in out
+    assert "the modeled DDR pool has room" in out and "keep their bytes in timing-only mode too" in out
+    assert "kept: 4.0 16" in out

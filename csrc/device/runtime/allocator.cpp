@@ -14,6 +14,7 @@
 #include <string>
 
 #include "device/runtime/memory_history.h"
+#include "device/runtime/host_memory.h"
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
@@ -164,6 +165,18 @@ int64_t resident_bytes() {
 
 }  // namespace
 
+int64_t host_bytes_available() {
+  const int64_t available = meminfo_bytes("MemAvailable");
+  if (available < 0) return -1;  // not Linux's /proc: nothing to compare with
+  // Bytes this process's pools hold that it has not touched yet are not in
+  // MemAvailable's count of used memory; they will be once written.
+  int64_t held = static_cast<int64_t>(allocator().bytes_in_use()) - g_storage_less_bytes.load(std::memory_order_relaxed);
+  for (int s = 0; s < pinned_allocator().sockets(); ++s) held += pinned_allocator().stats(s).in_use;
+  const int64_t resident = resident_bytes();
+  const int64_t untouched = resident < 0 ? 0 : std::max<int64_t>(0, held - resident);
+  return available - untouched;
+}
+
 void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
   // Large requests, and every kHostCheckBytes of smaller ones, are checked.
   {
@@ -175,15 +188,8 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
     const Pool& p = pool(device);
     if (p.stats.allocated_bytes[kAggregate].current + static_cast<int64_t>(nbytes) > p.capacity) return;
   }
-  const int64_t available = meminfo_bytes("MemAvailable");
-  if (available < 0) return;  // not Linux's /proc: nothing to compare with
-  // Bytes this process's pools hold that it has not touched yet are not in
-  // MemAvailable's count of used memory; they will be once written.
-  const int64_t resident = resident_bytes();
-  const int64_t held = static_cast<int64_t>(bytes_in_use()) - g_storage_less_bytes.load(std::memory_order_relaxed);
-  const int64_t untouched = resident < 0 ? 0 : std::max<int64_t>(0, held - resident);
-  const int64_t limit = available - untouched;
-  if (static_cast<int64_t>(nbytes) <= limit) return;
+  const int64_t limit = host_bytes_available();
+  if (limit < 0 || static_cast<int64_t>(nbytes) <= limit) return;
   int64_t used, capacity;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -194,10 +200,9 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
   TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
               gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
               gib(used), " of ", gib(capacity), " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
-              " available (MemAvailable ", gib(available), ", less ", gib(untouched),
-              " this process holds untouched). Real mode keeps every byte of a zion tensor in host memory; "
-              "run with --timing-only (zion-emu run --timing-only, or ZION_MODE=timing) to model it without "
-              "host bytes. Existing tensors are intact.");
+              " available to this process (MemAvailable less what its pools hold untouched). Real mode keeps "
+              "every byte of a zion tensor in host memory; run with --timing-only (zion-emu run --timing-only, or "
+              "ZION_MODE=timing) to model it without host bytes. Existing tensors are intact.");
 }
 
 bool timing_only() {

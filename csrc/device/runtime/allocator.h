@@ -73,6 +73,11 @@ class HbmAllocator final : public c10::DeviceAllocator {
 
 HbmAllocator& allocator();
 
+// What this process can still take from the host: /proc/meminfo's
+// MemAvailable less the bytes its HBM and socket pools hold untouched (not
+// yet resident); -1 where /proc says nothing.
+int64_t host_bytes_available();
+
 // Timing-only mode (ZION_MODE=timing, read once): floating-point zion tensors
 // have no host bytes.
 bool timing_only();
