@@ -136,9 +136,17 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
   if (!is_source) doc["sources"][path] = "override: " + path + "=" + value.dump();
 }
 
+// tf32 may be left out: a unit without TensorFloat-32 units (its 0 peak makes
+// the op cost model price TF32-allowed fp32 matmuls at the fp32 peak).
 PeakFlops read_peak_flops(JsonFields fields) {
   PeakFlops peak{};
-  for (int d = 0; d < kNumDTypes; ++d) peak[d] = fields.positive(kDTypeNames[d]);
+  const std::vector<std::string> present = fields.keys();
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const std::string name = kDTypeNames[d];
+    const bool optional = static_cast<DType>(d) == DType::kTf32;
+    if (optional && std::find(present.begin(), present.end(), name) == present.end()) continue;
+    peak[d] = fields.positive(name);
+  }
   fields.finish();
   return peak;
 }
