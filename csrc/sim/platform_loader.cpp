@@ -303,6 +303,17 @@ void read_collectives(JsonFields& root, Platform& p) {
   p.collectives.astra.preferred_dataset_splits = a.integer("preferred_dataset_splits", 1);
   p.collectives.astra.active_chunks_per_dimension = a.integer("active_chunks_per_dimension", 1);
   a.finish();
+  const std::vector<std::string> present = c.keys();
+  if (std::find(present.begin(), present.end(), "nccl_tuner") != present.end()) {
+    JsonFields t = c.object("nccl_tuner");
+    p.collectives.nccl_tuner.enabled = t.boolean("enabled");
+    p.collectives.nccl_tuner.compute_capability = t.integer("compute_capability", 0);
+    const int cc = p.collectives.nccl_tuner.compute_capability;
+    if (cc != 70 && cc != 80 && cc != 90) {
+      t.fail("compute_capability", "is " + std::to_string(cc) + "; NCCL's tuning model has figures for 70, 80 and 90");
+    }
+    t.finish();
+  }
   c.finish();
 }
 
