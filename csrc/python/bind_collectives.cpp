@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "sim/collective.h"
+#include "sim/astra_emulation.h"
 #include "sim/nccl_tuning.h"
 #include "sim/platform_topology.h"
 
@@ -57,6 +58,48 @@ void bind_collectives(py::module_& sim) {
                (r.protocol.empty() ? "" : "/" + r.protocol) + " time=" + std::to_string(r.time * 1e6) + "us busbw=" +
                std::to_string(r.busbw / 1e9) + "GB/s>";
       });
+
+  sim.def(
+      "emulate_astra",
+      [](const std::string& op, uint64_t bytes, const std::string& topology, int npus, double bandwidth_gb_per_s,
+         double latency_ns, const std::string& implementation, int direct_window, double endpoint_delay_ns,
+         int splits, int active_chunks, double local_memory_gb_per_s, bool congestion_aware) {
+        AstraEmulation s;
+        if (topology == "Ring") {
+          s.topology = AstraBlock::kRing;
+        } else if (topology == "FullyConnected") {
+          s.topology = AstraBlock::kFullyConnected;
+        } else if (topology == "Switch") {
+          s.topology = AstraBlock::kSwitch;
+        } else {
+          throw py::value_error("emulate_astra: topology '" + topology + "'; allowed: Ring, FullyConnected, Switch");
+        }
+        if (implementation == "ring") {
+          s.implementation = AstraImplementation::kRing;
+        } else if (implementation == "direct") {
+          s.implementation = AstraImplementation::kDirect;
+        } else {
+          throw py::value_error("emulate_astra: implementation '" + implementation + "'; allowed: ring, direct");
+        }
+        s.npus = npus;
+        s.bandwidth_gb_per_s = bandwidth_gb_per_s;
+        s.latency_ns = latency_ns;
+        s.direct_window = direct_window;
+        s.endpoint_delay_ns = endpoint_delay_ns;
+        s.splits = splits;
+        s.active_chunks = active_chunks;
+        s.local_memory_gb_per_s = local_memory_gb_per_s;
+        s.backend = congestion_aware ? AstraBackend::kCongestionAware : AstraBackend::kCongestionUnaware;
+        const AstraEmulationResult r = emulate_astra(parse_collective_op(op), bytes, s);
+        return py::make_tuple(r.time_ns, r.messages);
+      },
+      py::arg("op"), py::arg("bytes"), py::arg("topology"), py::arg("npus"), py::arg("bandwidth_gb_per_s"),
+      py::arg("latency_ns"), py::arg("implementation") = "ring", py::arg("direct_window") = -1,
+      py::arg("endpoint_delay_ns") = 10.0, py::arg("splits") = 1, py::arg("active_chunks") = 1,
+      py::arg("local_memory_gb_per_s") = 0.0, py::arg("congestion_aware") = true,
+      "ASTRA-sim 2.0's system layer and analytical backend (congestion-aware or -unaware) on a one-dimensional "
+      "network, event by event: (nanoseconds, network messages). bytes is ASTRA-sim's size (all_gather: each "
+      "NPU's contribution); bandwidth in GB/s of 2^30 B, local memory in GB/s of 10^9 B.");
 
   py::class_<NcclTuning>(sim, "NcclTuning",
                          "NCCL v2.21.5's tuning model for the GPUs of one NVSwitch node: latency + bytes / bandwidth "
