@@ -32,7 +32,10 @@ def register() -> None:
 
     inductor.install_on_import()  # torch.compile's inductor lowers zion graphs as CPU, priced on zion
 
-    from zion_emu import comm
+    from zion_emu import comm, precision
+
+    zion_device.matmul = precision.matmul  # torch.zion.matmul.allow_tf32, as torch.backends.cuda.matmul
+    zion_device.last_matmul_precision = precision.last_matmul_precision
 
     # torch.zion.comm, as torch.cuda.comm; torch.nn.parallel's comm functions
     # send zion tensors to it (DataParallel, replicate, scatter, gather).
