@@ -17,25 +17,30 @@ install: $(STAMP)
 
 # What the build needs from the system, g++, and for test, sanitize and bench
 # also Google Benchmark, which python_tests/test_cpp_api.py and bench/cpp
-# build against (a target-specific variable, seen by the targets' own
-# prerequisites). As root, apt-get installs what is missing; otherwise this
-# says what to install, and the C++ tests then fail with CMake's "Google
-# Benchmark not found" until it is there (benchmark_DIR may point at another
-# install).
+# build against, and for test and sanitize Chromium, in which
+# python_tests/test_html_report.py opens the HTML reports headless
+# (target-specific variables, seen by the targets' own prerequisites). As
+# root, apt-get installs what is missing; otherwise this says what to install,
+# and the C++ tests then fail with CMake's "Google Benchmark not found"
+# (benchmark_DIR may point at another install), the HTML report's tests with
+# the package to install.
 BENCHMARK_HEADERS ?= /usr/include/benchmark/benchmark.h /usr/local/include/benchmark/benchmark.h
 test sanitize bench: NEEDS_BENCHMARK = yes
+test sanitize: NEEDS_CHROMIUM = yes
 system-deps:
 	@missing=""; \
 	command -v g++ >/dev/null || missing="$$missing g++"; \
 	found=$${benchmark_DIR:+yes}; for h in $(BENCHMARK_HEADERS); do [ -f $$h ] && found=yes; done; \
 	[ -n "$${found}$(if $(NEEDS_BENCHMARK),,no)" ] || missing="$$missing libbenchmark-dev"; \
+	$(if $(NEEDS_CHROMIUM),command -v chromium >/dev/null || missing="$$missing chromium";) \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "make: installing$$missing (the native build and the C++ tests need it)"; \
+		echo "make: installing$$missing (the native build and the tests need it)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else \
 		echo "make: not installed:$$missing. The native build needs g++, and python_tests/test_cpp_api.py and" \
-			"bench/cpp build against Google Benchmark (libbenchmark-dev): they fail without it." \
+			"bench/cpp build against Google Benchmark (libbenchmark-dev), and python_tests/test_html_report.py" \
+			"opens the HTML reports in headless Chromium (chromium): they fail without it." \
 			"Install as root: apt-get install -y$$missing" >&2; \
 		case "$$missing" in *g++*) exit 1;; esac; \
 	fi

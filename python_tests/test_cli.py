@@ -158,7 +158,8 @@ def test_the_choices_are_the_models_name_tables(capsys: pytest.CaptureFixture[st
     assert "{" + ",".join(sim.collective_op_names()) + "}" in text
     assert "{" + ",".join(sim.algorithm_names()) + "}" in text
     assert "--link-model MODEL" in text and "links: " + ", ".join(sim.link_model_names()) in text
-    assert "--mode" not in text  # the old name works but is not offered
+    # --mode is offered for its ASTRA-sim backends: the link models and astra-unaware.
+    assert "--mode {" + ",".join([*sim.link_model_names(), "astra-unaware"]) + "}" in text
 
 
 def test_mode_is_still_accepted_as_the_old_name_of_link_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -249,3 +250,25 @@ def test_python_dash_m_zion_emu_runs_a_command() -> None:
     # Its errors through a real process: test_bad_input.py.
     ok = zion_emu_cli("collectives", "--max-bytes", "64", "--json", timeout_s=120)
     assert len(json.loads(ok.stdout)) == 4  # 8, 16, 32, 64
+
+
+@pytest.mark.parametrize("mode,topology,implementation,op,expected_ns", [
+    ("astra", "Switch", "direct", "all_to_all", 23_600),
+    ("astra-unaware", "Switch", "direct", "all_to_all", 6_520),
+    ("astra", "Ring", "ring", "all_reduce", 117_780),
+])
+def test_mode_astra_emulates_astra_sim(capsys: pytest.CaptureFixture[str], tmp_path: Path, mode: str, topology: str,
+                                       implementation: str, op: str, expected_ns: int) -> None:
+    net, system = tmp_path / "net.yml", tmp_path / "sys.json"
+    net.write_text(ASTRA_NETWORK.replace("Ring", topology))
+    impl = {k: [implementation] for k in ("all-reduce-implementation", "all-gather-implementation",
+                                          "reduce-scatter-implementation", "all-to-all-implementation")}
+    system.write_text(json.dumps({**ASTRA_SYSTEM, **impl}))
+    rows = json.loads(run_ok(capsys, "collectives", "--astra-network", str(net), "--astra-system", str(system),
+                             "--mode", mode, "--op", op, "--min-bytes", "1M", "--max-bytes", "1M", "--json"))
+    assert rows[0]["time_ns"] == expected_ns and rows[0]["algorithm"] == implementation
+
+
+def test_mode_astra_unaware_needs_astra_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["collectives", "--mode", "astra-unaware"]) == 2
+    assert "it needs --astra-network" in capsys.readouterr().err

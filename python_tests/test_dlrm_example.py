@@ -23,7 +23,7 @@ sys.path.insert(0, str(EXAMPLE))
 
 import dlrm  # noqa: E402
 from data import SyntheticData  # noqa: E402
-from model import table_owners  # noqa: E402
+from placement import table_owners  # noqa: E402
 
 TORCHRUN_TIMEOUT_S = 240
 TINY = ["--config", "tiny", "--no-progress"]
@@ -92,12 +92,16 @@ def test_explicit_flags_override_the_config(capsys):
 def test_data_is_the_same_whatever_the_world_size():
     rows = [50, 80, 120]
     whole = SyntheticData("criteo-synthetic", rows, 13, 2, 32, 0, 1, [0, 1, 2], seed=5).batch(3)
+    owners = table_owners(rows, 2)
+    # By bytes: table 2 (120 rows) to rank 0, then 80 and 50 to rank 1, the lighter one each time.
+    assert owners == [[2], [0, 1]]
     halves = [SyntheticData("criteo-synthetic", rows, 13, 2, 32, r, 2, owned, seed=5).batch(3)
-              for r, owned in enumerate(table_owners(3, 2))]
+              for r, owned in enumerate(owners)]
     assert torch.equal(torch.cat([h.dense for h in halves]), whole.dense)
     assert torch.equal(torch.cat([h.labels for h in halves]), whole.labels)
-    # Rank 0 owns tables 0 and 1, rank 1 table 2, each for the whole batch.
-    assert all(torch.equal(a, b) for a, b in zip(halves[0].indices + halves[1].indices, whole.indices))
+    # Each rank has its tables' indices for the whole batch.
+    (table2,), (table0, table1) = halves[0].indices, halves[1].indices
+    assert all(torch.equal(a, b) for a, b in zip([table0, table1, table2], whole.indices))
     assert all(int(i.min()) >= 0 and int(i.max()) < n for i, n in zip(whole.indices, rows))
     # Another batch draws other numbers.
     assert not torch.equal(SyntheticData("random", rows, 13, 2, 32, 0, 1, [0], seed=5).batch(4).dense,
@@ -113,11 +117,12 @@ def test_criteo_synthetic_indices_follow_a_power_law():
     assert counts[:100].sum() > 0.35 * counts.sum()
 
 
-def test_tables_split_in_contiguous_blocks_that_differ_by_at_most_one():
-    assert table_owners(3, 2) == [[0, 1], [2]]
-    assert table_owners(26, 8) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16], [17, 18, 19],
-                                   [20, 21, 22], [23, 24, 25]]
-    assert table_owners(3, 8)[3:] == [[]] * 5
+def test_tables_of_different_lookup_counts_get_their_own_offsets():
+    data = SyntheticData("random", [40, 50, 60], 13, [3, 1, 3], 8, 0, 1, [0, 1, 2], seed=0)
+    batch = data.batch(0)
+    assert [len(i) for i in batch.indices] == [24, 8, 24]
+    assert torch.equal(batch.offsets[0], torch.arange(0, 24, 3)) and torch.equal(batch.offsets[1], torch.arange(8))
+    assert batch.offsets[2] is batch.offsets[0]  # one tensor per lookup count, copied to the device once
 
 
 # --- bad input ---------------------------------------------------------------------
@@ -164,15 +169,21 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys, monkeypat
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_ranks_zion_give_the_gloo_cpu_losses_bit_for_bit_and_the_one_process_losses(capsys):
-    gloo = _torchrun(2, *TINY, "--device", "cpu")
-    zion = _torchrun(2, *TINY, "--device", "zion")
+    # Balanced by bytes, these tables interleave: largest first to the lighter
+    # rank, 120 -> r0, 100 -> r1, 90 -> r1 (100 < 120), 80 -> r0, 70 -> r1,
+    # 60 -> r0, 50 -> r0 (tie at 260: the lower rank), 40 -> r1, 30 -> r1.
+    rows = ("--arch-embedding-size", "120-50-100-60-90-40-70-80-30")
+    gloo = _torchrun(2, *TINY, *rows, "--device", "cpu")
+    zion = _torchrun(2, *TINY, *rows, "--device", "zion")
     assert len(_losses(gloo)) == 4
     assert _losses(zion) == _losses(gloo)
     assert float(_summary(zion)["modeled_samples_per_s"]) > 0
+    assert "# rank 0 tables 0,1,3,7 table_bytes 4960" in gloo and "# rank 1 tables 2,4,5,6,8 table_bytes 5280" in gloo
 
-    # Tables split 5 + 4 over the ranks, exchanged by all_to_all, and MLPs
-    # under DDP compute the one-process model: equal up to summation order.
-    one = _run_here(capsys, *TINY, "--device", "cpu")
+    # Tables split 4 + 5 over the ranks, exchanged by all_to_all and put back
+    # in table order, and MLPs under DDP compute the one-process model: equal
+    # up to summation order.
+    one = _run_here(capsys, *TINY, *rows, "--device", "cpu")
     assert [float(v) for v in _losses(gloo)] == pytest.approx([float(v) for v in _losses(one)], rel=1e-5)
 
 
@@ -184,7 +195,10 @@ def test_eight_ranks_train_and_report_modeled_samples_per_second():
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
     s = _summary(out)
     assert s["ranks"] == "8" and float(s["modeled_samples_per_s"]) > 0
-    assert "ranks 8 tables 9 (per rank 2-1-1-1-1-1-1-1)" in out
+    # Byte-balanced (python_tests/test_dlrm_placement.py): the 8 largest tables one per rank, the smallest
+    # (30 rows) to rank 7, which holds the lightest of them (40 rows).
+    assert "ranks 8 tables 9 (per rank 1-1-1-1-1-1-1-2)" in out
+    assert "# rank 7 tables 5,8 table_bytes 1120 in_hbm 1120 in_ddr 0" in out
 
 
 @pytest.mark.slow

@@ -76,7 +76,7 @@ def test_the_json_round_trips_and_keeps_its_keys():
     doc = json.loads(json.dumps(merged.to_json()))
     assert list(doc) == ["platform", "ranks", "wall_s", "iterations", "iteration_s", "samples_per_iteration",
                          "samples_per_s", "breakdown", "breakdown_note", "devices", "sockets", "links", "top_ops",
-                         "guessed_ops", "status"]
+                         "guessed_ops", "status", "mode", "placeholders"]
     assert doc["status"]["ranks"] == {"0": {"exit": "ok", "code": 0},
                                       "1": {"exit": "exception", "code": 1, "error": "E: x"}}
     assert rep.RunReport.from_json(doc) == merged

@@ -160,3 +160,14 @@ def test_memory_stats_show_ddr_per_socket_beside_hbm():
     assert stats["ddr.socket_3.capacity_bytes"] == 384 << 30
     assert "allocated_bytes.all.current" in stats and stats["capacity_bytes"] == 32 << 30
     del x
+
+
+def test_a_socket_scope_places_tensors_after_set_platform_before_any_zion_tensor():
+    done = run_python("""
+        import torch, zion_emu
+        zion_emu.set_platform(zion_emu.load_platform("zion"))
+        with zion_emu.socket(1):
+            t = torch.empty(1 << 10)
+        print(zion_emu.sockets.socket_of(t), zion_emu.sockets.memory(1).in_use)
+    """)
+    assert done.stdout.split() == ["1", "4096"]

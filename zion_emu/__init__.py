@@ -56,8 +56,8 @@ __all__ = [
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
     "astra", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed", "inductor",
-    "iterations", "launch", "platform", "report", "report_text", "sim", "sockets", "state", "timeline", "torchrec",
-    "trace", "virtual_clock",
+    "inference", "iterations", "launch", "memory", "platform", "report", "report_html", "report_text", "sim",
+    "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
 )
 
 

@@ -32,13 +32,20 @@ def register() -> None:
 
     inductor.install_on_import()  # torch.compile's inductor lowers zion graphs as CPU, priced on zion
 
-    from zion_emu import comm
+    from zion_emu import comm, precision
+
+    zion_device.matmul = precision.matmul  # torch.zion.matmul.allow_tf32, as torch.backends.cuda.matmul
+    zion_device.last_matmul_precision = precision.last_matmul_precision
 
     # torch.zion.comm, as torch.cuda.comm; torch.nn.parallel's comm functions
     # send zion tensors to it (DataParallel, replicate, scatter, gather).
     comm.install()
     zion_device.comm = comm
     sys.modules["torch.zion.comm"] = comm
+    from zion_emu import memory
+
+    zion_device.memory = memory  # torch.zion.memory, as torch.cuda.memory: history and snapshots
+    sys.modules["torch.zion.memory"] = memory
 
     # Before finalization: autograd's zion worker threads must not be holding
     # a finished backward pass (and its Python objects) when the interpreter

@@ -35,6 +35,8 @@ _OPS = {
     "reduce_scatter": "reduce-scatter-implementation",
     "all_to_all": "all-to-all-implementation",
 }
+# Implementations the event-by-event emulation (AstraMachine.emulate) covers.
+_EMULATED = ("ring", "direct")
 # System-file keys that steer ASTRA-sim's scheduler and have no counterpart
 # in the analytical timing reproduced here; accepted and listed as ignored.
 _SCHEDULING_KEYS = {
@@ -221,6 +223,58 @@ class AstraMachine:
 
     def run(self, op: str, nbytes: float, link_model: str = "astra", algo: str = "auto") -> Any:
         return self.model(op).run(op, float(nbytes), list(range(self.npus)), algo, link_model)
+
+    def emulation_refusal(self, op: str, algo: str = "auto") -> str | None:
+        """Why :meth:`emulate` cannot run ``op`` on this machine, or None if it can."""
+        if len(self.network.topology) != 1:
+            return f"the network has {len(self.network.topology)} dimensions; the emulation covers one"
+        if op not in _OPS:
+            return f"{op} is not emulated; allowed: {', '.join(_OPS)}"
+        levels = self.system.implementations.get(_OPS[op], [])
+        if len(levels) != 1 or levels[0] not in _EMULATED:
+            named = levels[0] if levels else "none"
+            return (f"{_OPS[op]} is {named}; the emulation covers "
+                    f"{' and '.join(_EMULATED)} (set it in the system file)")
+        if algo not in ("auto", levels[0]):
+            return f"--algo {algo} differs from the system file's {_OPS[op]} ({levels[0]})"
+        return None
+
+    def emulate(self, op: str, astra_bytes: int, congestion_aware: bool = True) -> int:
+        """ASTRA-sim 2.0's time for ``op`` in nanoseconds, event by event through its
+        system layer and its congestion-aware (or -unaware) analytical backend.
+        ``astra_bytes`` is ASTRA-sim's size: for all_gather, each NPU's contribution."""
+        refusal = self.emulation_refusal(op)
+        if refusal:
+            raise ConfigError(f"ASTRA-sim emulation: {refusal}")
+        net, sysc = self.network, self.system
+        try:
+            time_ns, _ = _C.sim.emulate_astra(
+                op, int(astra_bytes), net.topology[0], net.npus_count[0], net.bandwidth_gbps[0], net.latency_ns[0],
+                self.system.implementations[_OPS[op]][0], -1, sysc.endpoint_delay_ns, sysc.preferred_dataset_splits,
+                sysc.active_chunks_per_dimension, sysc.local_mem_bw_gbps, congestion_aware)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return time_ns
+
+    def emulated(self, op: str, nbytes: int, congestion_aware: bool = True) -> "EmulatedResult":
+        """:meth:`emulate` for an nccl-tests size (all_gather: the gathered output,
+        npus x ASTRA-sim's size), as a result with time, algbw and busbw."""
+        astra_bytes = nbytes // self.npus if op == "all_gather" else nbytes
+        time = self.emulate(op, astra_bytes, congestion_aware) * 1e-9
+        algbw = nbytes / time if time > 0 else 0.0
+        return EmulatedResult(time, algbw, algbw * _C.sim.bus_bandwidth_factor(op, self.npus),
+                              self.system.implementations[_OPS[op]][0])
+
+
+@dataclass
+class EmulatedResult:
+    """One emulated ASTRA-sim collective, shaped like the model's CollectiveResult."""
+
+    time: float  # seconds
+    algbw: float  # bytes per second
+    busbw: float
+    algorithm: str
+    protocol: str = ""
 
 
 def load(network_path: str | os.PathLike[str], system_path: str | os.PathLike[str] | None = None) -> AstraMachine:

@@ -20,8 +20,8 @@ What is remapped, in this process only (opt-in; nothing changes until
 - ``torch.autocast("cuda")`` / ``torch.amp.GradScaler("cuda")``;
 - the ``nccl`` backend (and ``backend=None``) of ``init_process_group``,
   ``new_group``, ``new_subgroups``; ``init_device_mesh("cuda", ...)``;
-- profiler ``use_cuda`` / ``ProfilerActivity.CUDA``: CPU events only (the zion
-  device records no device-side profiler events);
+- profiler ``use_cuda`` / ``ProfilerActivity.CUDA``: the zion device's events
+  (``ProfilerActivity.PrivateUse1``, see :mod:`zion_emu.profiler`);
 - ``torch.cuda.comm`` and ``torch._C._broadcast_coalesced``: zion's
   (:mod:`zion_emu.comm`, ``torch.zion.comm``), which ``nn.DataParallel``
   reaches through ``torch.nn.parallel.comm`` with or without cuda-compat.
@@ -382,6 +382,7 @@ def _legacy_types() -> dict[str, type]:
 # torch.cuda, answered by torch.zion.
 def _cuda_module_functions() -> dict[str, Any]:
     z = torch.zion
+    from zion_emu import memory as zion_memory
 
     def is_available() -> bool:
         return True
@@ -467,6 +468,9 @@ def _cuda_module_functions() -> dict[str, Any]:
         "reset_max_memory_allocated": with_index(z.reset_peak_memory_stats),
         "reset_max_memory_cached": with_index(z.reset_peak_memory_stats), "empty_cache": empty_cache,
         "is_bf16_supported": is_bf16_supported, "is_current_stream_capturing": is_current_stream_capturing,
+        # torch.cuda.memory's history and snapshots: zion's (zion_emu.memory).
+        "_record_memory_history": zion_memory._record_memory_history, "_snapshot": zion_memory._snapshot,
+        "_dump_snapshot": zion_memory._dump_snapshot,
     }
     return names
 
@@ -674,19 +678,22 @@ def _patch_distributed() -> None:
         setattr(dist, "init_device_mesh", fn)
 
 
-# Profiler: zion records no device-side profiler events, so use_cuda keeps the CPU events.
+# Profiler: the CUDA activity is zion's (PrivateUse1), whose device events
+# carry modeled times (zion_emu.profiler).
 def _patch_profiler() -> None:
     import torch.autograd.profiler as autograd_profiler
     import torch.profiler.profiler as profiler
 
+    zion = torch.profiler.ProfilerActivity.PrivateUse1
     legacy = autograd_profiler.profile
     legacy_init = legacy.__init__
 
     @functools.wraps(legacy_init)
     def legacy_profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.pop("use_cuda", False) or kwargs.get("use_device") == "cuda":
-            _report.record("profiler(use_cuda) -> CPU events")
-            kwargs["use_device"] = None
+            _report.record("profiler(use_cuda) -> zion device events")
+            kwargs["use_device"] = "zion"
+            kwargs["use_kineto"] = True  # zion's events come through Kineto
         legacy_init(self, *args, **kwargs)
 
     _patch(legacy, "__init__", legacy_profile_init, "torch.autograd.profiler.profile")
@@ -696,10 +703,14 @@ def _patch_profiler() -> None:
     def profile_init(self: Any, *args: Any, **kwargs: Any) -> None:
         activities = kwargs.get("activities")
         if activities is not None and torch.profiler.ProfilerActivity.CUDA in activities:
-            _report.record("profiler(ProfilerActivity.CUDA) -> CPU events")
-            kwargs["activities"] = [a for a in activities if a != torch.profiler.ProfilerActivity.CUDA]
+            _report.record("profiler(ProfilerActivity.CUDA) -> zion device events")
+            kept = [a for a in activities if a != torch.profiler.ProfilerActivity.CUDA]
+            kwargs["activities"] = kept + ([zion] if zion not in kept else [])
         if kwargs.pop("use_cuda", None):
-            _report.record("profiler(use_cuda) -> CPU events")
+            _report.record("profiler(use_cuda) -> zion device events")
+            kwargs["activities"] = list(kwargs.get("activities") or [torch.profiler.ProfilerActivity.CPU, zion])
+            if zion not in kwargs["activities"]:
+                kwargs["activities"].append(zion)
         kineto_init(self, *args, **kwargs)
 
     _patch(profiler.profile, "__init__", profile_init, "torch.profiler.profile")

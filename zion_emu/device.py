@@ -121,7 +121,11 @@ class device:
 
 
 def synchronize(device: Any = None) -> None:
-    """The host waits until every stream of the device is done (virtual time)."""
+    """The host waits until every stream of the device is done (virtual time).
+    Before the device has started nothing was issued: it returns at once and
+    leaves the device unstarted (torch.profiler calls it at every exit)."""
+    if device is None and not _native.initialized():
+        return
     _native.synchronize(_index(device))
 
 

@@ -100,6 +100,9 @@ def main(argv: list[str]) -> int:
         virtual_clock.enable()
     steps = StepClock()
     register_optimizer_step_post_hook(steps.hook)
+    from zion_emu import inference
+
+    inference.track_forwards()  # forwards with gradients off are queries: the report's inference section
 
     script = argv[0]
     sys.argv = list(argv)

@@ -18,6 +18,7 @@ import torch
 
 from zion_emu import _C
 from zion_emu.breakdown import COMMUNICATION, COMPUTE, COPY, Breakdown, Spans, breakdown, union_length
+from zion_emu.inference import InferenceSnapshot, latency_stats
 from zion_emu.iterations import Iterations, mean_iteration_s
 
 __all__ = [
@@ -150,6 +151,11 @@ class RankSnapshot:
     spans: Spans | None = field(default=None, metadata={"json": False})
     span_labels: list[str] | None = field(default=None, metadata=_OMIT_NONE)
     status: RankStatus | None = field(default=None, metadata=_OMIT_NONE)
+    mode: str = "real"  # "timing": timing-only mode
+    # Reads of storage-less values (timing-only mode): site, what, dtype, count.
+    placeholders: list[dict[str, Any]] = field(default_factory=list)
+    # The queries this process answered (zion_emu.inference), if it ran any.
+    inference: InferenceSnapshot | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -158,6 +164,7 @@ class RankSnapshot:
     def from_json(cls, d: Mapping[str, Any], spans: Spans | None = None) -> RankSnapshot:
         return cls(
             **{**d,
+               "inference": None if d.get("inference") is None else InferenceSnapshot.from_json(d["inference"]),
                "devices": [DeviceSnapshot.from_json(x) for x in d["devices"]],
                "sockets": [SocketSnapshot.from_json(x) for x in d.get("sockets", [])],
                "labels": {k: (float(v[0]), int(v[1])) for k, v in d["labels"].items()},
@@ -198,7 +205,7 @@ def _socket_snapshots() -> list[SocketSnapshot]:
 def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bool = True) -> RankSnapshot:
     """This process's view of the run, after waiting for its devices; with
     ``keep_spans`` the recorded spans and their labels too."""
-    from zion_emu import cost, current_platform
+    from zion_emu import cost, current_platform, inference
 
     devices = _devices_used()
     for d in devices:
@@ -237,6 +244,9 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         samples_per_iteration=None if iterations is None else iterations.samples_per_iteration,
         spans=spans if keep_spans else None,
         span_labels=list(_timeline.labels()) if keep_spans else None,
+        mode=_C.device.mode(),
+        placeholders=list(_C.device.placeholder_reads()),
+        inference=inference.snapshot(),
     )
 
 
@@ -342,6 +352,37 @@ def world_summary(world_size: int, ranks: Iterable[int]) -> WorldSummary:
 
 
 @dataclass
+class InferenceSummary:
+    """The queries of a run: latency percentiles over every rank's timed
+    queries, and queries/s summed over ranks (each rank serves its own)."""
+
+    source: str  # explicit (zion_emu.inference.query) or forwards (forward hooks)
+    queries: int
+    p50_s: float | None
+    p99_s: float | None
+    mean_s: float | None
+    qps: float | None
+    ranks: list[int]
+    warmup_queries: int = 0
+    note: str | None = field(default=None, metadata=_OMIT_NONE)
+
+
+def _inference_summary(snaps: list[RankSnapshot]) -> InferenceSummary | None:
+    seen = [s for s in snaps if s.inference is not None]
+    if not seen:
+        return None
+    latencies = [t for s in seen for t in s.inference.latencies_s]  # type: ignore[union-attr]
+    stats = latency_stats(latencies) if latencies else {"p50_s": None, "p99_s": None, "mean_s": None}
+    rates = [s.inference.qps for s in seen if s.inference.qps is not None]  # type: ignore[union-attr]
+    notes = sorted({s.inference.note for s in seen if s.inference.note})  # type: ignore[union-attr]
+    return InferenceSummary(
+        source=",".join(sorted({s.inference.source for s in seen})),  # type: ignore[union-attr]
+        queries=len(latencies), **stats, qps=sum(rates) if rates else None, ranks=[s.rank for s in seen],
+        warmup_queries=sum(s.inference.warmup_queries for s in seen),  # type: ignore[union-attr]
+        note="; ".join(notes) or None)
+
+
+@dataclass
 class RunReport:
     """Every rank's snapshot merged: what ``zion-emu run`` prints and ``--report`` writes."""
 
@@ -361,6 +402,11 @@ class RunReport:
     guessed_ops: dict[str, int]  # most often first
     status: RunStatus | None = field(default=None, metadata=_OMIT_NONE)
     cuda_compat_remapped: dict[str, int] | None = field(default=None, metadata=_OMIT_NONE)
+    mode: str = "real"  # "timing" if any rank ran in timing-only mode
+    # Placeholder reads over all ranks: site, what, dtype, count, ranks.
+    placeholders: list[dict[str, Any]] = field(default_factory=list)
+    # Inference queries over all ranks (zion_emu.inference), when any rank ran some.
+    inference: InferenceSummary | None = field(default=None, metadata=_OMIT_NONE)
     world: WorldSummary | None = field(default=None, metadata=_OMIT_NONE)  # --world-size
 
     def to_json(self) -> dict[str, Any]:
@@ -370,6 +416,7 @@ class RunReport:
     def from_json(cls, d: Mapping[str, Any]) -> RunReport:
         return cls(**{
             **d,
+            "inference": None if d.get("inference") is None else InferenceSummary(**d["inference"]),
             "breakdown": _breakdown_or_none(d["breakdown"]),
             "devices": [DeviceSummary.from_json(x) for x in d["devices"]],
             "sockets": [SocketSummary(**x) for x in d["sockets"]],
@@ -434,6 +481,15 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         for op, n in s.guessed_ops.items():
             guessed[op] = guessed.get(op, 0) + n
 
+    placeholders: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for s in snaps:
+        for read in s.placeholders:
+            key = (read["site"], read["what"], read["dtype"])
+            acc = placeholders.setdefault(key, {"site": key[0], "what": key[1], "dtype": key[2], "count": 0,
+                                                "ranks": []})
+            acc["count"] += int(read["count"])
+            acc["ranks"].append(s.rank)
+
     breakdowns = [d.breakdown for d in devices if d.breakdown is not None]
     summary = Breakdown.mean(breakdowns) if breakdowns and len(breakdowns) == len(devices) else None
 
@@ -458,6 +514,9 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         links=sorted(links.values(), key=lambda link: -link.bytes),
         top_ops=top_ops,
         guessed_ops=dict(sorted(guessed.items(), key=lambda kv: -kv[1])),
+        mode="timing" if any(s.mode == "timing" for s in snaps) else "real",
+        placeholders=sorted(placeholders.values(), key=lambda r: -r["count"]),
+        inference=_inference_summary(snaps),
     )
 
 

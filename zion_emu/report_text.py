@@ -64,6 +64,24 @@ def _world(report: RunReport) -> list[str]:
     return lines + [f"  - {a}" for a in w.assumptions]
 
 
+def _inference(report: RunReport) -> list[str]:
+    inf = report.inference
+    if inf is None:
+        return []
+    how = "zion_emu.inference.query()" if inf.source == "explicit" else inf.source
+    if inf.source == "forwards":
+        how = f"top-level forwards with gradients off, after {inf.warmup_queries} warm-up"
+    lines = ["", f"inference              {inf.queries} queries ({how})"]
+    if inf.p50_s is not None and inf.p99_s is not None:
+        lines.append(f"  latency per query    p50 {format_time(inf.p50_s)}  p99 {format_time(inf.p99_s)}  "
+                     f"mean {format_time(inf.mean_s or 0.0)} (modeled: input copy issued to scores on the host)")
+    if inf.qps is not None:
+        lines.append(f"  throughput           {inf.qps:,.1f} queries/s (modeled)")
+    if inf.note:
+        lines.append(f"  note: {inf.note}")
+    return lines
+
+
 def _breakdown(report: RunReport) -> list[str]:
     b = report.breakdown
     if b is None:
@@ -120,15 +138,29 @@ def _guessed(report: RunReport) -> list[str]:
             *(f"  {op}  x{n}" for op, n in list(report.guessed_ops.items())[:10])]
 
 
+def _timing_only(report: RunReport) -> list[str]:
+    if report.mode != "timing":
+        return []
+    lines = ["timing-only mode: floating-point zion tensors had no host bytes; times and memory are modeled as in "
+             "real mode"]
+    if report.placeholders:
+        lines.append("placeholder reads (storage-less values read by the host, 0 stood in):")
+        lines += [f"  {r['site'] or '(unknown site)'}  {r['what']}  {r['dtype']}  x{r['count']}"
+                  for r in report.placeholders]
+    return lines
+
+
 def format_text(report: RunReport) -> str:
     """The report as ``zion-emu run`` prints it: the summary, the world (with
-    ``--world-size``), where the time went, then devices, the kernels torch.compile generated, sockets, links,
-    the top work and the guessed ops."""
+    ``--world-size``), the inference queries (when there were any), where the
+    time went, then devices, the kernels torch.compile generated, sockets,
+    links, the top work and the guessed ops."""
     lines = []
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _world, _breakdown, _devices, _compiled, _sockets, _links, _top_ops, _guessed):
+    for section in (_summary, _world, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links,
+                    _top_ops, _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"

@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 
 #include "sim/collective.h"
+#include "sim/astra_emulation.h"
+#include "sim/nccl_tuning.h"
 #include "sim/platform_topology.h"
 
 namespace py = pybind11;
@@ -49,10 +51,107 @@ void bind_collectives(py::module_& sim) {
       .def_property_readonly("algorithm", [](const CollectiveResult& r) { return algorithm_name(r.algorithm); })
       .def_readonly("closed_form", &CollectiveResult::closed_form)
       .def_readonly("transfers", &CollectiveResult::transfers)
+      .def_readonly("protocol", &CollectiveResult::protocol,
+                    "NCCL's protocol (LL, LL128, Simple) when NCCL's tuning model priced the call; '' otherwise")
       .def("__repr__", [](const CollectiveResult& r) {
-        return "<CollectiveResult " + std::string(algorithm_name(r.algorithm)) + " time=" + std::to_string(r.time * 1e6) + "us busbw=" +
+        return "<CollectiveResult " + std::string(algorithm_name(r.algorithm)) +
+               (r.protocol.empty() ? "" : "/" + r.protocol) + " time=" + std::to_string(r.time * 1e6) + "us busbw=" +
                std::to_string(r.busbw / 1e9) + "GB/s>";
       });
+
+  sim.def(
+      "emulate_astra",
+      [](const std::string& op, uint64_t bytes, const std::string& topology, int npus, double bandwidth_gb_per_s,
+         double latency_ns, const std::string& implementation, int direct_window, double endpoint_delay_ns,
+         int splits, int active_chunks, double local_memory_gb_per_s, bool congestion_aware) {
+        AstraEmulation s;
+        if (topology == "Ring") {
+          s.topology = AstraBlock::kRing;
+        } else if (topology == "FullyConnected") {
+          s.topology = AstraBlock::kFullyConnected;
+        } else if (topology == "Switch") {
+          s.topology = AstraBlock::kSwitch;
+        } else {
+          throw py::value_error("emulate_astra: topology '" + topology + "'; allowed: Ring, FullyConnected, Switch");
+        }
+        if (implementation == "ring") {
+          s.implementation = AstraImplementation::kRing;
+        } else if (implementation == "direct") {
+          s.implementation = AstraImplementation::kDirect;
+        } else {
+          throw py::value_error("emulate_astra: implementation '" + implementation + "'; allowed: ring, direct");
+        }
+        s.npus = npus;
+        s.bandwidth_gb_per_s = bandwidth_gb_per_s;
+        s.latency_ns = latency_ns;
+        s.direct_window = direct_window;
+        s.endpoint_delay_ns = endpoint_delay_ns;
+        s.splits = splits;
+        s.active_chunks = active_chunks;
+        s.local_memory_gb_per_s = local_memory_gb_per_s;
+        s.backend = congestion_aware ? AstraBackend::kCongestionAware : AstraBackend::kCongestionUnaware;
+        const AstraEmulationResult r = emulate_astra(parse_collective_op(op), bytes, s);
+        return py::make_tuple(r.time_ns, r.messages);
+      },
+      py::arg("op"), py::arg("bytes"), py::arg("topology"), py::arg("npus"), py::arg("bandwidth_gb_per_s"),
+      py::arg("latency_ns"), py::arg("implementation") = "ring", py::arg("direct_window") = -1,
+      py::arg("endpoint_delay_ns") = 10.0, py::arg("splits") = 1, py::arg("active_chunks") = 1,
+      py::arg("local_memory_gb_per_s") = 0.0, py::arg("congestion_aware") = true,
+      "ASTRA-sim 2.0's system layer and analytical backend (congestion-aware or -unaware) on a one-dimensional "
+      "network, event by event: (nanoseconds, network messages). bytes is ASTRA-sim's size (all_gather: each "
+      "NPU's contribution); bandwidth in GB/s of 2^30 B, local memory in GB/s of 10^9 B.");
+
+  py::class_<NcclTuning>(sim, "NcclTuning",
+                         "NCCL v2.21.5's tuning model for the GPUs of one NVSwitch node: latency + bytes / bandwidth "
+                         "per (algorithm, protocol), the least time chosen")
+      .def(py::init([](int compute_capability, int ranks, double nvlink_gb_per_s, bool nvls) {
+             NcclTuningInput in;
+             in.compute_capability = compute_capability;
+             in.ranks = ranks;
+             in.nvlink_gb_per_s = nvlink_gb_per_s;
+             in.nvls = nvls;
+             try {
+               return NcclTuning(in);
+             } catch (const std::invalid_argument& e) {
+               throw py::value_error(e.what());
+             }
+           }),
+           py::arg("compute_capability"), py::arg("ranks"), py::arg("nvlink_gb_per_s"), py::arg("nvls") = false)
+      .def("graph",
+           [](const NcclTuning& t, const std::string& algorithm) {
+             for (int a = 0; a < kNcclAlgorithms; ++a) {
+               if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(a))) {
+                 const NcclGraph& g = t.graph(static_cast<NcclAlgorithm>(a));
+                 return py::make_tuple(g.channels, g.bandwidth);
+               }
+             }
+             throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
+           },
+           py::arg("algorithm"), "(channels, GB/s per channel) of NCCL's channel search")
+      .def(
+          "candidates",
+          [](const NcclTuning& t, const std::string& op, double bytes) {
+            py::list out;
+            for (const auto& c : t.candidates(parse_collective_op(op), bytes)) {
+              py::dict d;
+              d["algorithm"] = nccl_algorithm_name(c.algorithm);
+              d["protocol"] = nccl_protocol_name(c.protocol);
+              d["time"] = c.time;
+              d["latency"] = c.latency;
+              d["bandwidth"] = c.bandwidth;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("op"), py::arg("bytes"),
+          "Every (algorithm, protocol) NCCL offers for op: time and latency (s), algorithm bandwidth (bytes/s)")
+      .def(
+          "choose",
+          [](const NcclTuning& t, const std::string& op, double bytes) {
+            const NcclChoice c = t.choose(parse_collective_op(op), bytes);
+            return py::make_tuple(nccl_algorithm_name(c.algorithm), nccl_protocol_name(c.protocol), c.time);
+          },
+          py::arg("op"), py::arg("bytes"), "(algorithm, protocol, seconds) of least time");
 
   py::class_<CollectiveModel, std::shared_ptr<CollectiveModel>>(sim, "CollectiveModel",
                                                                "Times collectives among devices of a platform or topology")

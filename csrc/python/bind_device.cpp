@@ -166,6 +166,15 @@ void bind_device(py::module_& m) {
   });
   d.def("guessed_ops", [](int index) { return device::runtime().guessed(static_cast<c10::DeviceIndex>(index)); },
         py::arg("index"), "Ops priced by the default guess on this device: name -> count");
+  d.def("last_fp32_matmul_pricing", []() -> py::object {
+    auto p = device::last_fp32_matmul_pricing();
+    if (!p) return py::none();
+    py::dict out;
+    out["op"] = p->op;
+    out["requested"] = sim::dtype_name(p->requested);
+    out["priced"] = sim::dtype_name(p->priced);
+    return out;
+  }, "The last float32 matmul or convolution priced: op, the precision its settings asked for, the one that priced it");
   d.def("counters", [](int index) {
     auto c = device::runtime().timeline.counters(index);
     py::dict out;

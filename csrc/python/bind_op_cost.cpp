@@ -224,6 +224,18 @@ const Platform& native_platform(const py::handle& platform) {
 
 }  // namespace zion::sim
 
+namespace {
+zion::sim::DType fp32_precision(const std::string& name, const char* field) {
+  using zion::sim::DType;
+  auto d = zion::sim::parse_dtype(name);
+  if (!d || (*d != DType::kFp32 && *d != DType::kTf32 && *d != DType::kBf16)) {
+    throw py::value_error(std::string("OpCall.") + field + ": unknown precision '" + name +
+                          "'; allowed: fp32, tf32, bf16");
+  }
+  return *d;
+}
+}  // namespace
+
 void bind_op_cost(py::module_& sim) {
   using namespace zion::sim;
 
@@ -255,15 +267,28 @@ void bind_op_cost(py::module_& sim) {
 
   py::class_<OpCall>(sim, "OpCall", "An operator by ATen schema name and the tensors it reads and writes.")
       .def(py::init([](std::string name, std::vector<TensorDesc> inputs, std::vector<TensorDesc> outputs,
-                       std::vector<int64_t> int_args) {
-             return OpCall{std::move(name), std::move(inputs), std::move(outputs), std::move(int_args)};
+                       std::vector<int64_t> int_args, const std::string& fp32_matmul,
+                       const std::string& fp32_convolution) {
+             OpCall call{std::move(name), std::move(inputs), std::move(outputs), std::move(int_args)};
+             call.fp32_matmul = fp32_precision(fp32_matmul, "fp32_matmul");
+             call.fp32_convolution = fp32_precision(fp32_convolution, "fp32_convolution");
+             return call;
            }),
            py::arg("name"), py::arg("inputs") = std::vector<TensorDesc>{},
-           py::arg("outputs") = std::vector<TensorDesc>{}, py::arg("int_args") = std::vector<int64_t>{})
+           py::arg("outputs") = std::vector<TensorDesc>{}, py::arg("int_args") = std::vector<int64_t>{},
+           py::arg("fp32_matmul") = "fp32", py::arg("fp32_convolution") = "fp32",
+           "fp32_matmul / fp32_convolution: the precision (fp32, tf32 or bf16) float32 matmul-class ops and "
+           "convolutions are priced at.")
       .def_readwrite("name", &OpCall::name)
       .def_readwrite("inputs", &OpCall::inputs)
       .def_readwrite("outputs", &OpCall::outputs)
       .def_readwrite("int_args", &OpCall::int_args)
+      .def_property(
+          "fp32_matmul", [](const OpCall& c) { return std::string(dtype_name(c.fp32_matmul)); },
+          [](OpCall& c, const std::string& v) { c.fp32_matmul = fp32_precision(v, "fp32_matmul"); })
+      .def_property(
+          "fp32_convolution", [](const OpCall& c) { return std::string(dtype_name(c.fp32_convolution)); },
+          [](OpCall& c, const std::string& v) { c.fp32_convolution = fp32_precision(v, "fp32_convolution"); })
       .def("__repr__", [](const OpCall& c) {
         return "OpCall(" + c.name + ", " + std::to_string(c.inputs.size()) + " inputs, " +
                std::to_string(c.outputs.size()) + " outputs)";
@@ -298,6 +323,8 @@ void bind_op_cost(py::module_& sim) {
       .def_readonly("launch_overhead", &OpCost::launch_overhead)
       .def_readonly("guessed", &OpCost::guessed)
       .def_readonly("formula", &OpCost::formula)
+      .def_property_readonly("requested_dtype", [](const OpCost& c) { return std::string(dtype_name(c.requested_dtype)); })
+      .def_property_readonly("priced_dtype", [](const OpCost& c) { return std::string(dtype_name(c.priced_dtype)); })
       .def("__repr__", [](const OpCost& c) {
         return "OpCost(" + c.formula + ", device_time=" + std::string(py::str(py::float_(c.device_time))) +
                " s, compute_time=" + std::string(py::str(py::float_(c.compute_time))) +

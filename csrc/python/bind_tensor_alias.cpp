@@ -18,13 +18,14 @@ void bind_tensor_alias(py::module_& m) {
   py::module_ d = m.attr("device").cast<py::module_>();
   d.def(
       "cpu_alias",
-      [](const at::Tensor& t) {
+      [](const at::Tensor& t, bool storage_less_ok) {
         TORCH_CHECK(t.device().is_privateuseone(), "zion: cpu_alias takes a zion tensor, got one on ", t.device());
-        return zion::device::cpu_alias(t);
+        return zion::device::cpu_alias(t, storage_less_ok);
       },
-      py::arg("tensor"),
+      py::arg("tensor"), py::arg("storage_less_ok") = false,
       "A CPU tensor over the zion tensor's bytes (same storage, sizes, strides, offset; no autograd history); "
-      "it keeps the zion storage alive");
+      "it keeps the zion storage alive. With storage_less_ok, a storage-less tensor (timing-only mode) gets an "
+      "alias with a null data pointer, for code that reads only metadata and hands the alias back to zion");
   d.def("is_storage_less", [](const at::Tensor& t) { return zion::device::is_storage_less(t); }, py::arg("tensor"),
         "Whether a zion tensor has no host bytes (timing-only mode); False for any other tensor");
   d.def(

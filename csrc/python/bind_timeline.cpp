@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device/runtime/allocator.h"
+#include "device/runtime/profiler.h"
 #include "device/aten/copy.h"
 #include "device/runtime/runtime.h"
 
@@ -129,7 +130,10 @@ sim::TimelineState state_from_dict(const py::dict& d) {
 
 void bind_timeline(py::module_& m) {
   py::module_ t = m.def_submodule("timeline", "What the virtual timeline recorded");
-  t.def("set_recording", [](size_t max_spans) { device::runtime().timeline.set_recording(max_spans); },
+  t.def("set_recording", [](size_t max_spans) {
+    device::runtime().timeline.set_recording(max_spans);
+    device::note_span_recording(max_spans);  // a torch.profiler session leaves this cap as it found it
+  },
         py::arg("max_spans"), "Record up to max_spans spans of stream time (0: stop recording)");
   t.def("advance_host", [](double seconds) {
     if (!(seconds >= 0)) throw py::value_error("advance_host takes a non-negative duration, got " + std::to_string(seconds));

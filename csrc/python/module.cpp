@@ -15,6 +15,7 @@ void bind_device(py::module_& m);
 void bind_host_memory(py::module_& m);
 void bind_timeline(py::module_& m);
 void bind_tensor_alias(py::module_& m);
+void bind_memory(py::module_& m);
 void bind_dist(py::module_& dist);
 
 PYBIND11_MODULE(_C, m) {
@@ -29,6 +30,7 @@ PYBIND11_MODULE(_C, m) {
   bind_host_memory(m);
   bind_timeline(m);
   bind_tensor_alias(m);
+  bind_memory(m);
   py::module_ dist = m.def_submodule("dist", "The zion torch.distributed backend (ProcessGroupZion)");
   bind_dist(dist);
 }

@@ -79,7 +79,12 @@ struct CollectiveResult {
   Algorithm algorithm = Algorithm::kAuto;
   bool closed_form = false;
   int transfers = 0;  // transfers simulated (0 on the closed-form path)
+  // Set when NCCL's tuning model priced the call (nccl_tuning.h): its
+  // protocol ("LL", "LL128", "Simple"); empty otherwise.
+  std::string protocol;
 };
+
+class NcclTuning;
 
 // How collectives are run on a topology, besides the topology itself.
 struct CollectiveSettings {
@@ -96,6 +101,12 @@ struct CollectiveSettings {
   // Per hierarchy level (innermost first): the algorithm used inside that
   // level by kHierarchical (kAuto: the fastest).
   std::vector<Algorithm> level_algorithms;
+  // NCCL's tuning model for `auto` within one node (0: off): the GPUs'
+  // compute capability, each GPU's NVLink bandwidth into the switch (GB/s,
+  // NCCL's figure) and whether NVLink SHARP reduces in the switch.
+  int nccl_compute_capability = 0;
+  double nccl_nvlink_gb_per_s = 0;
+  bool nccl_nvls = false;
 };
 
 class CollectiveModel {
@@ -128,6 +139,9 @@ class CollectiveModel {
 
  private:
   CollectiveResult compute(const CollectiveRequest& request) const;
+  // NCCL's tuner prices `auto` for this request (one node, an op it covers,
+  // the fair link model); its model for that many ranks.
+  std::shared_ptr<const NcclTuning> nccl_tuning_for(const CollectiveRequest& request) const;
   void validate(const CollectiveRequest& request) const;
 
   std::shared_ptr<const Topology> topology_;
@@ -143,6 +157,7 @@ class CollectiveModel {
   mutable std::unordered_map<std::string, std::shared_ptr<const Template>> templates_;
   mutable std::unordered_map<std::string, std::shared_ptr<const Layout>> layouts_;
   mutable std::unordered_map<std::string, std::vector<double>> traffic_per_byte_;
+  mutable std::unordered_map<int, std::shared_ptr<const NcclTuning>> nccl_tunings_;  // by rank count
 };
 
 }  // namespace zion::sim

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "collective_timing.h"
+#include "nccl_tuning.h"
 #include "platform_topology.h"
 
 namespace zion::sim {
@@ -61,6 +62,34 @@ CollectiveModel::CollectiveModel(const Platform& p)
     device_coords_.push_back({d % p.oam.count, d / p.oam.count});
   }
   for (int node = 0; node < p.nodes; ++node) fabric_switch_of_node_.push_back(topology_->find(VertexKind::kFabricSwitch, node, 0));
+  if (p.collectives.nccl_tuner.enabled && p.fabric.topology == FabricTopology::kSwitch) {
+    settings_.nccl_compute_capability = p.collectives.nccl_tuner.compute_capability;
+    settings_.nccl_nvlink_gb_per_s = p.fabric.links_per_pair * p.fabric.link_bandwidth / kGB;
+    settings_.nccl_nvls = p.fabric.in_switch_reduction;
+  }
+}
+
+std::shared_ptr<const NcclTuning> CollectiveModel::nccl_tuning_for(const CollectiveRequest& r) const {
+  if (settings_.nccl_compute_capability == 0 || !NcclTuning::covers(r.op) || r.link_model != LinkModel::kFair ||
+      r.devices.size() < 2 || devices_per_node_ == 0) {
+    return nullptr;
+  }
+  const int node = r.devices.front() / devices_per_node_;
+  for (int d : r.devices) {
+    if (d / devices_per_node_ != node) return nullptr;
+  }
+  const int n = static_cast<int>(r.devices.size());
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  auto& slot = nccl_tunings_[n];
+  if (!slot) {
+    NcclTuningInput in;
+    in.compute_capability = settings_.nccl_compute_capability;
+    in.ranks = n;
+    in.nvlink_gb_per_s = settings_.nccl_nvlink_gb_per_s;
+    in.nvls = settings_.nccl_nvls;
+    slot = std::make_shared<const NcclTuning>(in);
+  }
+  return slot;
 }
 
 CollectiveModel::CollectiveModel(std::shared_ptr<const Topology> topology, std::vector<int> level_sizes,
@@ -159,8 +188,17 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
   Internals in{*this, request, {settings_.astra.endpoint_delay, settings_.local_memory_bandwidth}};
   int n = static_cast<int>(request.devices.size());
   CollectiveResult result;
+  const Algorithm asked = request.algorithm == Algorithm::kAuto ? settings_.default_algorithm : request.algorithm;
+  std::shared_ptr<const NcclTuning> nccl = n > 1 && asked == Algorithm::kAuto ? nccl_tuning_for(request) : nullptr;
   if (n == 1) {
     result.time = request.link_model == LinkModel::kAstra ? 0 : settings_.base_latency;
+    result.closed_form = true;
+  } else if (nccl) {
+    // NCCL's tuner: the (algorithm, protocol) of least modeled time.
+    const NcclChoice c = nccl->choose(request.op, request.bytes);
+    result.time = c.time;
+    result.algorithm = model_algorithm(c.algorithm);
+    result.protocol = nccl_protocol_name(c.protocol);
     result.closed_form = true;
   } else {
     Algorithm wanted = request.algorithm == Algorithm::kAuto ? settings_.default_algorithm : request.algorithm;

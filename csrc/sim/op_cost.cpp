@@ -109,6 +109,20 @@ DType compute_dtype(const OpCall& call) {
   return DType::kFp32;
 }
 
+DType compute_dtype(const OpCall& call, OpClass op_class) {
+  const DType dtype = compute_dtype(call);
+  if (dtype != DType::kFp32) return dtype;
+  // Integer operands (int64 matmuls) come back as fp32 too; TF32 is for floats.
+  bool floating = false;
+  for (const auto* list : {&call.inputs, &call.outputs}) {
+    for (const TensorDesc& t : *list) floating = floating || t.is_floating_point();
+  }
+  if (!floating) return dtype;
+  if (op_class == OpClass::kMatmul) return call.fp32_matmul;
+  if (op_class == OpClass::kConvolution) return call.fp32_convolution;
+  return dtype;
+}
+
 OpCostModel::OpCostModel(ComputeUnit unit) : unit_(std::move(unit)) {
   require_positive(unit_.peak_flops[static_cast<int>(DType::kFp32)], unit_.name, "peak_flops.fp32");
   require_positive(unit_.memory_bandwidth, unit_.name, "memory_bandwidth");
@@ -168,7 +182,7 @@ OpCost OpCostModel::cost(const OpCall& call, const FormulaRef& formula) const {
   // The formula runs without the table lock: it may be slow (Python) and may
   // itself look at the model.
   const OpWork work = formula ? formula->work(call) : default_guess(call);
-  OpCost cost = price(work, compute_dtype(call), call.name);
+  OpCost cost = price(work, compute_dtype(call, work.op_class), call.name);
   cost.guessed = formula == nullptr;
   cost.formula = formula ? formula->name : kDefaultFormula;
   return cost;
@@ -185,12 +199,18 @@ OpCost OpCostModel::price(const OpWork& work, DType dtype, std::string_view op) 
 
   // A unit without units for a dtype (a socket has no TF32 or FP16 FMA) runs
   // it at its fp32 rate; the constructor checked that the fp32 peak is set.
+  DType priced = dtype;
   double peak = unit_.peak_flops[static_cast<int>(dtype)];
-  if (!(peak > 0)) peak = unit_.peak_flops[static_cast<int>(DType::kFp32)];
+  if (!(peak > 0)) {
+    priced = DType::kFp32;
+    peak = unit_.peak_flops[static_cast<int>(DType::kFp32)];
+  }
   const double efficiency = class_efficiency(unit_.efficiency, work.op_class);
 
   OpCost cost;
   cost.work = work;
+  cost.requested_dtype = dtype;
+  cost.priced_dtype = priced;
   cost.compute_time = work.flops / (peak * efficiency);
   cost.memory_time = work.bytes / (unit_.memory_bandwidth * efficiency) +
                      work.gathered_bytes / (unit_.memory_bandwidth * unit_.efficiency.embedding_random_access);

@@ -82,6 +82,11 @@ struct OpCall {
   // Non-tensor arguments a formula cannot derive from shapes; each formula in
   // op_formulas.cpp documents the ones it reads. Missing entries take defaults.
   std::vector<int64_t> int_args;
+  // The precision the script allows float32 matmul-class work (op class
+  // matmul) and convolutions to run at: kFp32 (IEEE), kTf32 or kBf16. Only
+  // an op whose compute dtype is fp32 is affected; its numerics are not.
+  DType fp32_matmul = DType::kFp32;
+  DType fp32_convolution = DType::kFp32;
 };
 
 enum class OpClass { kMatmul = 0, kConvolution, kElementwise, kReduction, kEmbeddingBag, kOther };
@@ -110,6 +115,12 @@ struct OpCost {
   Seconds launch_overhead = 0;
   bool guessed = false;  // no formula matched; work is the default guess
   std::string formula;   // table key that priced the op, or kDefaultFormula
+  // The dtype whose peak was asked for (after the fp32 matmul/convolution
+  // precision of the call) and the one that priced the FLOPs: they differ
+  // when the unit has no peak for the asked dtype (no TF32 units), which
+  // falls back to the fp32 peak.
+  DType requested_dtype = DType::kFp32;
+  DType priced_dtype = DType::kFp32;
 };
 
 inline constexpr const char* kDefaultFormula = "default";
@@ -118,12 +129,14 @@ inline constexpr const char* kDefaultFormula = "default";
 // outside the named classes stream like elementwise kernels.
 double class_efficiency(const EfficiencySpec& efficiency, OpClass c);
 
-// The dtype whose peak prices an op's FLOPs (callers mark fp32 matmul and
-// convolution operands kTf32 when TF32 is allowed): the first floating input, else the
+// The dtype whose peak prices an op's FLOPs: the first floating input, else the
 // first floating output; with integer tensors only, int8 when the first one is
 // one byte wide (int8/uint8/bool) and fp32 otherwise (int64 arithmetic gets no
 // integer tensor units on any preset); fp32 with no tensors at all.
 DType compute_dtype(const OpCall& call);
+// compute_dtype, with an fp32 matmul (op class matmul) or convolution moved to
+// the precision the call allows (OpCall::fp32_matmul, fp32_convolution).
+DType compute_dtype(const OpCall& call, OpClass op_class);
 
 // The built-in formula table (op_formulas.cpp): ATen name -> work.
 std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas();
@@ -159,8 +172,9 @@ class OpCostModel {
   bool has_formula(std::string_view name) const { return resolve(name) != nullptr; }
   std::vector<std::string> formula_names() const;  // sorted
 
-  // Times for work already counted; throws std::invalid_argument naming `op`
-  // if a count is negative or not finite.
+  // Times for work already counted, FLOPs at `dtype`'s peak (the fp32 peak
+  // where the unit has none for `dtype`); throws std::invalid_argument naming
+  // `op` if a count is negative or not finite.
   OpCost price(const OpWork& work, DType dtype, std::string_view op) const;
 
  private:

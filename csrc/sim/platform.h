@@ -110,12 +110,22 @@ struct AstraSpec {
   int active_chunks_per_dimension = 1;
 };
 
+// collectives.nccl_tuner: `auto` within one node on an NVSwitch is priced by
+// NCCL's own tuning model (nccl_tuning.h) for the GPUs' compute capability.
+// Other fabric topologies keep the topology model (the tuner's channel search
+// here is the NVSwitch one).
+struct NcclTunerSpec {
+  bool enabled = false;
+  int compute_capability = 0;  // 70, 80 or 90
+};
+
 struct CollectiveSpec {
   std::string algorithm = "auto";
   std::vector<std::string> algorithms;  // what `auto` may choose from (the collective library's menu)
   Seconds base_latency = 0;
   int pipeline_chunks = 1;
   AstraSpec astra;
+  NcclTunerSpec nccl_tuner;  // optional in the file: absent = disabled
 };
 
 struct Platform {

@@ -136,9 +136,17 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
   if (!is_source) doc["sources"][path] = "override: " + path + "=" + value.dump();
 }
 
+// tf32 may be left out: a unit without TensorFloat-32 units (its 0 peak makes
+// the op cost model price TF32-allowed fp32 matmuls at the fp32 peak).
 PeakFlops read_peak_flops(JsonFields fields) {
   PeakFlops peak{};
-  for (int d = 0; d < kNumDTypes; ++d) peak[d] = fields.positive(kDTypeNames[d]);
+  const std::vector<std::string> present = fields.keys();
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const std::string name = kDTypeNames[d];
+    const bool optional = static_cast<DType>(d) == DType::kTf32;
+    if (optional && std::find(present.begin(), present.end(), name) == present.end()) continue;
+    peak[d] = fields.positive(name);
+  }
   fields.finish();
   return peak;
 }
@@ -295,6 +303,17 @@ void read_collectives(JsonFields& root, Platform& p) {
   p.collectives.astra.preferred_dataset_splits = a.integer("preferred_dataset_splits", 1);
   p.collectives.astra.active_chunks_per_dimension = a.integer("active_chunks_per_dimension", 1);
   a.finish();
+  const std::vector<std::string> present = c.keys();
+  if (std::find(present.begin(), present.end(), "nccl_tuner") != present.end()) {
+    JsonFields t = c.object("nccl_tuner");
+    p.collectives.nccl_tuner.enabled = t.boolean("enabled");
+    p.collectives.nccl_tuner.compute_capability = t.integer("compute_capability", 0);
+    const int cc = p.collectives.nccl_tuner.compute_capability;
+    if (cc != 70 && cc != 80 && cc != 90) {
+      t.fail("compute_capability", "is " + std::to_string(cc) + "; NCCL's tuning model has figures for 70, 80 and 90");
+    }
+    t.finish();
+  }
   c.finish();
 }
 

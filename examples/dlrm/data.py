@@ -49,15 +49,25 @@ def _generator(*words: int) -> torch.Generator:
 @dataclass
 class Batch:
     dense: torch.Tensor  # [local batch, dense features] float32
-    indices: list[torch.Tensor]  # per owned table: [global batch * lookups] int64
-    offsets: torch.Tensor  # [global batch] int64, the bag starts
+    indices: list[torch.Tensor]  # per owned table: [global batch * its lookups] int64
+    # Per owned table: [global batch] int64, the bag starts. Tables with as
+    # many lookups per sample share one tensor.
+    offsets: list[torch.Tensor]
     labels: torch.Tensor  # [local batch] float32
 
     def to(self, device: torch.device, host_tables: frozenset[int] = frozenset()) -> "Batch":
         """The batch on ``device``; the indices of the owned tables numbered in
         ``host_tables`` (positions in ``indices``: tables in host DDR, looked up
-        by the CPU) stay where they are, as do the offsets when any do."""
-        offsets = self.offsets if host_tables else self.offsets.to(device)
+        by the CPU) stay where they are, as do the offsets when any do. A
+        shared offsets tensor is copied once."""
+        if host_tables:
+            offsets = list(self.offsets)
+        else:
+            moved: dict[int, torch.Tensor] = {}
+            for o in self.offsets:
+                if id(o) not in moved:
+                    moved[id(o)] = o.to(device)
+            offsets = [moved[id(o)] for o in self.offsets]
         return Batch(self.dense.to(device),
                      [i if k in host_tables else i.to(device) for k, i in enumerate(self.indices)],
                      offsets, self.labels.to(device))
@@ -68,8 +78,12 @@ class SyntheticData:
 
     DENSE, LABELS, HIDDEN = -1, -2, -3  # generator streams besides the tables' (0 ..)
 
-    def __init__(self, kind: str, table_rows: list[int], dense_features: int, lookups: int, global_batch: int,
-                 rank: int, world_size: int, owned_tables: list[int], seed: int) -> None:
+    def __init__(self, kind: str, table_rows: list[int], dense_features: int, lookups: int | list[int],
+                 global_batch: int, rank: int, world_size: int, owned_tables: list[int], seed: int) -> None:
+        """``lookups``: indices per sample, one count for every table or one per table."""
+        lookups = [lookups] * len(table_rows) if isinstance(lookups, int) else list(lookups)
+        if len(lookups) != len(table_rows):
+            raise ValueError(f"{len(lookups)} lookup counts for {len(table_rows)} tables; give one, or one per table")
         if kind not in KINDS:
             raise ValueError(f"--data {kind!r} is not a data kind; allowed: {', '.join(KINDS)}")
         if kind == "criteo-synthetic" and dense_features != CRITEO_DENSE_FEATURES:
@@ -81,7 +95,9 @@ class SyntheticData:
         self.local_batch = global_batch // world_size
         self.first = rank * self.local_batch
         self.owned = list(owned_tables)
-        self.offsets = torch.arange(0, global_batch * lookups, lookups, dtype=torch.int64)
+        counts = {lookups[t] for t in self.owned}
+        by_count = {n: torch.arange(0, global_batch * n, n, dtype=torch.int64) for n in counts}
+        self.offsets = [by_count[lookups[t]] for t in self.owned]
         if kind == "criteo-synthetic":
             g = _generator(seed, self.HIDDEN)
             self.dense_weights = torch.randn(dense_features, generator=g) / math.sqrt(dense_features)
@@ -89,7 +105,7 @@ class SyntheticData:
             self.row_salts = torch.randint(0, 1 << 30, (len(self.rows),), generator=g).tolist()
 
     def _indices(self, i: int, table: int) -> torch.Tensor:
-        n, count = self.rows[table], self.global_batch * self.lookups
+        n, count = self.rows[table], self.global_batch * self.lookups[table]
         g = _generator(self.seed, i, table)
         if self.kind == "random":
             return torch.randint(0, n, (count,), generator=g, dtype=torch.int64)
@@ -120,7 +136,7 @@ class SyntheticData:
         dense = torch.log1p(counts.floor())
         logit = (dense - self.dense_scales) @ self.dense_weights + CLICK_BIAS
         for t, idx in indices.items():
-            logit += self._row_effect(t, idx).view(self.global_batch, self.lookups).mean(dim=1)
+            logit += self._row_effect(t, idx).view(self.global_batch, self.lookups[t]).mean(dim=1)
         draws = torch.rand(self.global_batch, generator=_generator(self.seed, i, self.LABELS))
         labels = (draws < torch.sigmoid(logit)).to(torch.float32)
         return Batch(dense[local].contiguous(), [indices[t] for t in self.owned], self.offsets,

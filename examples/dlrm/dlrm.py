@@ -4,6 +4,8 @@ Zion (``--device zion``, modeled time), on the CPU or on CUDA (wall time).
     python examples/dlrm/dlrm.py --config tiny --device zion
     torchrun --nproc-per-node 8 examples/dlrm/dlrm.py --config small --device zion
     python examples/dlrm/dlrm.py --config paper --device cpu --num-batches 3
+    python -m zion_emu run --nproc 8 examples/dlrm/dlrm.py --config dcnv2 --table-placement auto --batch-size 4096
+    python examples/dlrm/dlrm.py --config small --inference --batch-sizes 1,64,512,4096   # serve: OAM vs socket
 
 Flags follow the public facebookresearch/dlrm reference (``--arch-*``,
 ``--mini-batch-size``, ...); ``--config`` sets them all at once and explicit
@@ -11,7 +13,14 @@ flags override it. Under torchrun (WORLD_SIZE > 1) tables are model parallel,
 table-wise, and the MLPs data parallel under DDP; the process group is ``zion``
 for ``--device zion``, ``gloo`` for ``cpu`` and ``nccl`` for ``cuda``.
 
-Output (rank 0): a line per ``--print-freq`` iterations,
+Tables are owned whole, balanced by bytes over the ranks (largest first to
+the least-loaded rank). On zion each lives in the rank's HBM or in the DDR of
+its CPU socket (``--table-placement``); ``auto`` keeps in HBM the hottest tables
+that fit the device's capacity less a reserve for the rest of a step
+(examples/dlrm/placement.py says what the reserve counts).
+
+Output (rank 0): a header, a line per rank with its tables and their bytes,
+then a line per ``--print-freq`` iterations,
 
     iter 3 loss 0.6931471824645996 modeled_ms_per_iter 1.234 modeled_samples_per_s 1659000.1 wall_ms_per_iter 56.7
 
@@ -25,8 +34,9 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,13 +45,13 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from configs import CONFIGS  # noqa: E402
+from configs import CONFIGS, DEFAULTS  # noqa: E402
 from data import CRITEO_DENSE_FEATURES, KINDS, Batch, SyntheticData  # noqa: E402
-from model import DenseArch, EmbeddingArch, place_tables, table_owners  # noqa: E402
+from model import INTERACTIONS, DenseArch, EmbeddingArch  # noqa: E402
+from placement import OPTIMIZER_STATE_SLOTS, PLACEMENTS, TablePlan, plan_tables, table_bytes  # noqa: E402
 
 DEVICES = ("cpu", "zion", "cuda")
-OPTIMIZERS = ("sgd", "adagrad")
-PLACEMENTS = ("hbm", "ddr", "auto")
+OPTIMIZERS = tuple(OPTIMIZER_STATE_SLOTS)
 BACKENDS = {"cpu": "gloo", "zion": "zion", "cuda": "nccl"}
 
 
@@ -59,24 +69,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch-embedding-size", help="rows per table, e.g. 1000-1000-1000")
     p.add_argument("--arch-mlp-bot", help="bottom MLP widths from the dense features, e.g. 13-512-256-64")
     p.add_argument("--arch-mlp-top", help="top MLP widths after the interaction, e.g. 512-256-1")
+    p.add_argument("--arch-interaction-op", choices=INTERACTIONS,
+                   help="dot (DLRM's pairwise dots) or dcn (DCN-v2's low-rank cross layers)")
+    p.add_argument("--dcn-num-layers", type=int, help="cross layers of --arch-interaction-op dcn (default 3)")
+    p.add_argument("--dcn-low-rank-dim", type=int, help="rank of each cross layer's weights (default 512)")
     p.add_argument("--table-placement", choices=PLACEMENTS, default="hbm",
                    help="where the embedding tables live on zion: hbm (the device), ddr (the rank's socket DDR, "
-                        "looked up by the CPU), auto (hottest tables in HBM up to --hbm-budget, the rest in DDR)")
-    p.add_argument("--hbm-budget", default="1G", help="HBM bytes per rank for tables under --table-placement auto "
-                                                      "(K/M/G suffixes are powers of two; default 1G)")
-    p.add_argument("--mini-batch-size", type=int, help="global batch, split evenly over the ranks")
+                        "looked up by the CPU), auto (the hottest tables, by lookups per byte, in HBM while they fit "
+                        "--hbm-budget, the rest in DDR)")
+    p.add_argument("--hbm-budget",
+                   help="HBM bytes per rank for the tables and their optimizer state under --table-placement auto "
+                        "(K/M/G suffixes are powers of two; default: the device's capacity less a reserve for the "
+                        "dense part, activations and the step's sparse gradients)")
+    p.add_argument("--mini-batch-size", "--batch-size", dest="mini_batch_size", type=int,
+                   help="global batch, split evenly over the ranks")
     p.add_argument("--num-batches", type=int, help="training iterations")
-    p.add_argument("--num-indices-per-lookup", type=int, help="indices pooled per table per sample")
+    p.add_argument("--num-indices-per-lookup",
+                   help="indices pooled per table per sample: one count, or one per table (e.g. 3-2-1)")
     p.add_argument("--learning-rate", type=float)
     p.add_argument("--data", choices=KINDS)
-    p.add_argument("--max-rows", type=int, help="cap on rows per table (0: no cap)")
+    p.add_argument("--max-rows", type=int, help="cap on rows per table (0: no cap, the full tables; "
+                                                "mlperf and dcnv2 cap at 1000000 unless told)")
     p.add_argument("--device", choices=DEVICES, default="zion")
     p.add_argument("--platform", help="zion only: the modeled machine (a preset name or a .json file; "
                                       "default: $ZION_PLATFORM or zion)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the config's (sgd; adagrad for dcnv2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-freq", type=int, default=1, help="print a line every N iterations")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (none when stderr is not a TTY)")
+    p.add_argument("--inference", action="store_true",
+                   help="zion only: serve instead of train. For each of --batch-sizes, --num-batches queries "
+                        "(copy the batch in, score it, copy the scores out) on the rank's OAM, tables in HBM, and "
+                        "the same model on the CPU socket the OAM hangs off (zion_emu.socket); prints p50/p99 "
+                        "latency and queries/s for both, and the batch size from which the OAM is faster")
+    p.add_argument("--batch-sizes", default="1,8,64,512",
+                   help="--inference: comma-separated batch sizes of one query (default 1,8,64,512)")
     return p
 
 
@@ -92,13 +119,13 @@ def _widths(flag: str, text: str) -> list[int]:
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Fills the flags left unset from ``--config`` and checks that the shapes fit together."""
-    for name, value in CONFIGS[args.config].items():
+    for name, value in {**DEFAULTS, **CONFIGS[args.config]}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     dim = args.arch_sparse_feature_size
     for flag, value in (("--arch-sparse-feature-size", dim), ("--mini-batch-size", args.mini_batch_size),
-                        ("--num-batches", args.num_batches), ("--num-indices-per-lookup", args.num_indices_per_lookup),
-                        ("--print-freq", args.print_freq)):
+                        ("--num-batches", args.num_batches), ("--print-freq", args.print_freq),
+                        ("--dcn-num-layers", args.dcn_num_layers), ("--dcn-low-rank-dim", args.dcn_low_rank_dim)):
         if value < 1:
             raise UsageError(f"{flag} is {value}; it must be at least 1")
     if args.max_rows < 0:
@@ -108,6 +135,13 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     args.table_rows = _widths("--arch-embedding-size", args.arch_embedding_size)
     if args.max_rows:
         args.table_rows = [min(r, args.max_rows) for r in args.table_rows]
+    lookups = _widths("--num-indices-per-lookup", str(args.num_indices_per_lookup))
+    if len(lookups) == 1:
+        lookups *= len(args.table_rows)
+    if len(lookups) != len(args.table_rows):
+        raise UsageError(f"--num-indices-per-lookup {args.num_indices_per_lookup} gives {len(lookups)} counts for "
+                         f"{len(args.table_rows)} tables (--arch-embedding-size); give one count, or one per table")
+    args.table_lookups = lookups
     args.bottom = _widths("--arch-mlp-bot", args.arch_mlp_bot)
     args.top = _widths("--arch-mlp-top", args.arch_mlp_top)
     if len(args.bottom) < 2:
@@ -115,7 +149,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     if args.bottom[-1] != dim:
         raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot} ends in {args.bottom[-1]}, but "
                          f"--arch-sparse-feature-size is {dim}: the bottom MLP's output meets the embeddings in the "
-                         f"dot interaction, so the two must be equal")
+                         f"{args.arch_interaction_op} interaction, so the two must be equal")
     if args.top[-1] != 1:
         raise UsageError(f"--arch-mlp-top {args.arch_mlp_top} ends in {args.top[-1]}; the top MLP gives one "
                          f"logit per sample, so it must end in 1")
@@ -123,7 +157,10 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         raise UsageError(f"--arch-mlp-bot {args.arch_mlp_bot} starts with {args.bottom[0]} dense features, but "
                          f"--data criteo-synthetic has {CRITEO_DENSE_FEATURES}; start it with {CRITEO_DENSE_FEATURES} "
                          f"or use --data random")
-    args.hbm_budget_bytes = _bytes("--hbm-budget", args.hbm_budget)
+    args.hbm_budget_bytes = None if args.hbm_budget is None else _bytes("--hbm-budget", args.hbm_budget)
+    if args.hbm_budget is not None and args.table_placement != "auto":
+        raise UsageError(f"--hbm-budget {args.hbm_budget} is the HBM for tables under --table-placement auto; "
+                         f"with --table-placement {args.table_placement} it would do nothing")
     if args.table_placement != "hbm" and args.device != "zion":
         raise UsageError(f"--table-placement {args.table_placement} places tables on the modeled Zion's sockets; "
                          f"it needs --device zion, not --device {args.device}")
@@ -146,11 +183,33 @@ def _bytes(flag: str, text: str) -> int:
     return int(value)
 
 
+def _batch_sizes(args: argparse.Namespace) -> list[int]:
+    try:
+        sizes = [int(v) for v in args.batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or any(v < 1 for v in sizes):
+        raise UsageError(f"--batch-sizes {args.batch_sizes!r}: expected positive integers separated by commas, "
+                         f"e.g. 1,8,64,512")
+    if not args.inference:
+        raise UsageError("--batch-sizes is the query sizes of --inference; without --inference it would do nothing")
+    if args.device != "zion":
+        raise UsageError(f"--inference compares the modeled Zion's OAM and CPU socket; it needs --device zion, "
+                         f"not --device {args.device}")
+    if args.table_placement != "hbm":
+        raise UsageError("--inference places the tables itself (in HBM for the OAM, in the socket's DDR for the "
+                         "CPU); leave --table-placement at hbm")
+    return sizes
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return resolve(args)
+        args = resolve(args)
+        if args.inference or args.batch_sizes != parser.get_default("batch_sizes"):
+            args.query_sizes = _batch_sizes(args)
+        return args
     except UsageError as e:
         parser.error(str(e))
         raise  # parser.error exits
@@ -168,6 +227,7 @@ class Run:
     dense: nn.Module
     optimizer: torch.optim.Optimizer
     data: SyntheticData
+    plan: TablePlan
 
     @property
     def local_batch(self) -> int:
@@ -226,6 +286,15 @@ def _env_int(name: str, default: int) -> int:
         raise UsageError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def table_plan(args: argparse.Namespace, world: int, dense: DenseArch, capacity: int | None) -> TablePlan:
+    """Every rank's tables and where they live, for these flags (``capacity``:
+    the device's HBM bytes, which auto needs without --hbm-budget)."""
+    return plan_tables(args.table_rows, args.arch_sparse_feature_size, args.table_lookups, args.optimizer,
+                       args.table_placement, world, args.mini_batch_size, args.hbm_budget_bytes, capacity,
+                       sum(p.numel() * p.element_size() for p in dense.parameters()),
+                       dense.activation_floats_per_sample())
+
+
 def setup(args: argparse.Namespace) -> Run:
     """Device, process group (when WORLD_SIZE > 1), model, optimizer and data for this rank."""
     world, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
@@ -233,6 +302,7 @@ def setup(args: argparse.Namespace) -> Run:
     if args.mini_batch_size % world:
         raise UsageError(f"--mini-batch-size {args.mini_batch_size} does not split evenly over {world} ranks; "
                          f"give a multiple of {world}")
+    capacity = None
     if args.device == "zion":
         import zion_emu
         import zion_emu.distributed  # noqa: F401  (registers the zion process-group backend)
@@ -244,6 +314,7 @@ def setup(args: argparse.Namespace) -> Run:
                              f"'{zion_emu.current_platform().name}' has {torch.zion.device_count()} per node")
         device = torch.device("zion", local_rank)
         torch.zion.set_device(device)
+        capacity = torch.zion.get_device_properties(device).total_memory
     elif args.device == "cuda":
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: CUDA is not available here; use --device zion or --device cpu")
@@ -254,9 +325,10 @@ def setup(args: argparse.Namespace) -> Run:
     if world > 1:
         dist.init_process_group(BACKENDS[args.device], rank=rank, world_size=world)
 
-    owners = table_owners(len(args.table_rows), world)
-    placement = place_tables(args.table_rows, args.arch_sparse_feature_size, args.num_indices_per_lookup,
-                             owners[rank], args.table_placement, args.hbm_budget_bytes)
+    dense_arch = DenseArch(args.bottom, args.top, len(args.table_rows), args.seed, device, args.arch_interaction_op,
+                           args.dcn_num_layers, args.dcn_low_rank_dim)
+    tables = table_plan(args, world, dense_arch, capacity)
+    owners, placement = tables.owners, tables.where[rank]
     socket = None
     if "ddr" in placement:
         from zion_emu import sockets
@@ -264,31 +336,47 @@ def setup(args: argparse.Namespace) -> Run:
         socket = sockets.current_socket()  # the socket this rank's OAM's PCIe switch hangs off
     embeddings = EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, rank, args.seed, device,
                                placement, socket)
-    dense: nn.Module = DenseArch(args.bottom, args.top, len(args.table_rows), args.seed).to(device)
+    dense: nn.Module = dense_arch
     if world > 1:
         dense = nn.parallel.DistributedDataParallel(dense, device_ids=[local_rank] if device.type == "cuda" else None)
     params = list(embeddings.parameters()) + list(dense.parameters())
-    # foreach=False: one code path on every device, so results match bit for bit.
-    if args.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=args.learning_rate, foreach=False)
-    else:
-        optimizer = torch.optim.Adagrad(params, lr=args.learning_rate, foreach=False)
-    data = SyntheticData(args.data, args.table_rows, args.bottom[0], args.num_indices_per_lookup,
-                         args.mini_batch_size, rank, world, owners[rank], args.seed)
-    return Run(args, rank, world, device, embeddings, dense, optimizer, data)
+    # foreach=False: one code path on every device, so results match bit for bit
+    # (and the only one torch.optim has for the tables' sparse gradients).
+    # Optimizer state takes its parameter's place: for a DDR table, the socket's DDR.
+    with _socket_scope(socket):
+        if args.optimizer == "sgd":
+            optimizer: torch.optim.Optimizer = torch.optim.SGD(params, lr=args.learning_rate, foreach=False)
+        else:
+            # eps and the zero initial accumulator as the MLPerf DLRMv2 reference (and torch's defaults).
+            optimizer = torch.optim.Adagrad(params, lr=args.learning_rate, eps=1e-10, initial_accumulator_value=0.0,
+                                            foreach=False)
+    data = SyntheticData(args.data, args.table_rows, args.bottom[0], args.table_lookups, args.mini_batch_size, rank,
+                         world, owners[rank], args.seed)
+    return Run(args, rank, world, device, embeddings, dense, optimizer, data, tables)
+
+
+def _socket_scope(socket: int | None) -> ContextManager[object]:
+    if socket is None:
+        return nullcontext()
+    import zion_emu
+
+    return zion_emu.socket(socket)
 
 
 def describe(run: Run) -> str:
     a = run.args
-    owned = "-".join(str(len(t)) for t in table_owners(len(a.table_rows), run.world_size))
+    owned = "-".join(str(len(t)) for t in run.plan.owners)
     where = a.device
     if a.device == "zion":
         import zion_emu
 
         where += f" platform {zion_emu.current_platform().name}"
+    interaction = a.arch_interaction_op
+    if interaction == "dcn":
+        interaction += f" layers {a.dcn_num_layers} rank {a.dcn_low_rank_dim}"
     return (f"# dlrm config {a.config} device {where} ranks {run.world_size} tables {len(a.table_rows)} "
             f"(per rank {owned}) rows {a.arch_embedding_size if not a.max_rows else '-'.join(map(str, a.table_rows))} "
-            f"dim {a.arch_sparse_feature_size} bot {a.arch_mlp_bot} top {a.arch_mlp_top} "
+            f"dim {a.arch_sparse_feature_size} bot {a.arch_mlp_bot} interaction {interaction} top {a.arch_mlp_top} "
             f"global_batch {a.mini_batch_size} lookups {a.num_indices_per_lookup} data {a.data} "
             f"optimizer {a.optimizer} lr {a.learning_rate} placement {a.table_placement}")
 
@@ -298,7 +386,7 @@ def placement_lines(run: Run) -> list[str]:
     a, emb = run.args, run.embeddings
     lines = []
     for t, where in zip(emb.owners[run.rank], emb.placement):
-        size = a.table_rows[t] * a.arch_sparse_feature_size * 4
+        size = table_bytes(a.table_rows[t], a.arch_sparse_feature_size)
         place = f"ddr socket {emb.socket}" if where == "ddr" else f"hbm {run.device}"
         lines.append(f"# rank {run.rank} table {t} rows {a.table_rows[t]} bytes {size} place {place}")
     return lines
@@ -355,26 +443,119 @@ def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     return summary
 
 
+def serve(args: argparse.Namespace, emit: Callable[[str], None]) -> list[dict[str, float]]:
+    """``--inference``: one process, no optimizer, gradients off. For each
+    query size, ``--num-batches`` queries timed with zion_emu.inference.query
+    on the OAM (the batch's dense features, indices and offsets copied in, the
+    model, sigmoid, the scores copied out) and on the CPU socket the OAM hangs
+    off (the same model built in the socket's DDR: no copies, every op priced
+    on the socket). Emits a line per size and a last ``crossover`` line."""
+    import zion_emu
+    from zion_emu import inference, sockets
+
+    if _env_int("WORLD_SIZE", 1) > 1:
+        raise UsageError("--inference serves from one process; run it without torchrun or --nproc")
+    if args.platform is not None:
+        zion_emu.set_platform(args.platform)
+    device = torch.device("zion", _env_int("LOCAL_RANK", 0))
+    torch.zion.set_device(device)
+    socket = sockets.current_socket()  # the socket the OAM's PCIe switch hangs off
+    owners = [list(range(len(args.table_rows)))]
+    cpu = torch.device("cpu")
+    with zion_emu.socket(socket):
+        on_socket = (EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, 0, args.seed, cpu),
+                     DenseArch(args.bottom, args.top, len(args.table_rows), args.seed, cpu, args.arch_interaction_op,
+                               args.dcn_num_layers, args.dcn_low_rank_dim))
+    on_oam = (EmbeddingArch(args.table_rows, args.arch_sparse_feature_size, owners, 0, args.seed, device),
+              DenseArch(args.bottom, args.top, len(args.table_rows), args.seed, device, args.arch_interaction_op,
+                        args.dcn_num_layers, args.dcn_low_rank_dim))
+    for module in (*on_socket, *on_oam):
+        module.eval()
+
+    def one_query(model: tuple[nn.Module, nn.Module], batch: Batch, size: int, to: torch.device | None) -> torch.Tensor:
+        with inference.query():
+            dense, indices, offsets = batch.dense, batch.indices, batch.offsets
+            if to is not None:
+                moved = {id(o): o.to(to) for o in offsets}
+                dense, indices, offsets = dense.to(to), [i.to(to) for i in indices], [moved[id(o)] for o in offsets]
+            scores = torch.sigmoid(model[1](dense, model[0](indices, offsets, size)))
+            return scores.cpu()
+
+    rows = []
+    emit(f"# dlrm inference device zion:{device.index} vs socket {socket} platform "
+         f"{zion_emu.current_platform().name} queries per size {args.num_batches} (latencies modeled)")
+    for size in args.query_sizes:
+        data = SyntheticData(args.data, args.table_rows, args.bottom[0], args.table_lookups, size, 0, 1, owners[0],
+                             args.seed)
+        batches = [data.batch(i) for i in range(args.num_batches)]
+        row: dict[str, float] = {"batch": size}
+        for name, model, to in (("oam", on_oam, device), ("socket", on_socket, None)):
+            inference.reset()
+            torch.zion.synchronize(device)
+            with torch.inference_mode(), zion_emu.socket(socket):
+                scores = [one_query(model, b, size, to) for b in batches]
+            latencies = [end - start for start, end in inference.queries()]
+            stats = inference.latency_stats(latencies)
+            row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = stats["p50_s"] * 1e3, stats["p99_s"] * 1e3
+            row[f"{name}_qps"] = len(latencies) / sum(latencies)
+            row[f"{name}_scores"] = float(torch.cat(scores).sum())
+        inference.reset()
+        rows.append(row)
+        emit(f"inference batch {size} " + " ".join(
+            f"{name}_p50_ms {row[name + '_p50_ms']:.6f} {name}_p99_ms {row[name + '_p99_ms']:.6f} "
+            f"{name}_qps {row[name + '_qps']:.1f} {name}_samples_per_s {row[name + '_qps'] * size:.1f}"
+            for name in ("oam", "socket")))
+    wins = [r["batch"] for r in rows if r["oam_p50_ms"] < r["socket_p50_ms"]]
+    # The crossover: the smallest size from which the OAM is faster at every larger size measured.
+    crossover = next((r["batch"] for k, r in enumerate(rows) if all(x["batch"] in wins for x in rows[k:])), None)
+    emit(f"crossover oam_faster_from_batch {int(crossover) if crossover is not None else 'none'} "
+         f"(p50 latency; sizes where the OAM wins: {','.join(str(int(b)) for b in wins) or 'none'})")
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.inference:
+        try:
+            serve(args, lambda line: print(line, flush=True))
+        except UsageError as e:
+            print(f"dlrm.py: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         run = setup(args)
     except UsageError as e:
         print(f"dlrm.py: error: {e}", file=sys.stderr)
         return 2
+    except torch.OutOfMemoryError as e:
+        return _out_of_memory(e, args, "building the model")
 
     def emit(line: str) -> None:
         print(line, flush=True)
 
     if run.rank == 0:
         emit(describe(run))
+        for line in run.plan.lines(args.table_rows, args.arch_sparse_feature_size, args.device != "cpu"):
+            emit(line)
     if args.table_placement != "hbm":
         for line in placement_lines(run):
             emit(line)
-    train(run, emit)
+    try:
+        train(run, emit)
+    except torch.OutOfMemoryError as e:
+        return _out_of_memory(e, args, "training")
     if run.world_size > 1:
         dist.destroy_process_group()
     return 0
+
+
+def _out_of_memory(error: torch.OutOfMemoryError, args: argparse.Namespace, stage: str) -> int:
+    """The allocator's message (device, request, use and capacity), then what the flags can change."""
+    print(f"dlrm.py: error: out of memory while {stage}: {error}", file=sys.stderr)
+    if args.device == "zion" and args.table_placement != "auto":
+        print("dlrm.py: --table-placement auto keeps the tables that do not fit a device's HBM in its socket's DDR; "
+              "--max-rows caps the rows per table, --batch-size shrinks the step", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -96,9 +96,10 @@ class BenchRow(Row):
 
 
 def _base_width() -> int:
-    """Where Row.line()'s algorithm column ends, padded to the longest algorithm name."""
+    """Where Row.line()'s algorithm column ends, padded to the longest algorithm name
+    and NCCL protocol ("/Simple")."""
     empty = Row("all_reduce", 1, "fair", 0, DTYPE, 0, 1.0, 0.0, 0.0, "")
-    return len(empty.line()) + max(len(a) for a in sim.algorithm_names())
+    return len(empty.line()) + max(len(a) for a in sim.algorithm_names()) + len("/Simple")
 
 
 def _bench_line(row: BenchRow) -> str:
@@ -377,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
             footer(ops[ops.index(op) - 1])
         row = BenchRow(op, nproc, model.get("link_model", ""), r["bytes"], DTYPE, args.root, r["time_s"],
                        r["bytes"] / r["time_s"], r["bytes"] / r["time_s"] * sim.bus_bandwidth_factor(op, nproc),
-                       r["algorithm"], r["host_s"], r["iters"], r["gloo_s"])
+                       r["algorithm"], host_s=r["host_s"], iters=r["iters"], gloo_s=r["gloo_s"])
         rows[op].append(row)
         if args.json:
             return

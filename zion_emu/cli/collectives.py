@@ -15,14 +15,25 @@ from zion_emu.cli.plot import check_writable, plot_busbw
 from zion_emu.cli.nccl_table import RunCollective, sweep, table
 from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
 
-def add_link_model_argument(p: argparse.ArgumentParser, default_help: str) -> None:
-    """--link-model, one of the model's link models, and --mode, its old
-    name, still accepted but left out of --help."""
+# --mode values beyond the link models: ASTRA-sim's congestion-unaware backend.
+ASTRA_UNAWARE = "astra-unaware"
+
+
+def add_link_model_argument(p: argparse.ArgumentParser, default_help: str, astra_modes: bool = False) -> None:
+    """--link-model, one of the model's link models, and --mode, the same
+    choice by its other name; with ``astra_modes`` --mode also takes
+    astra-unaware and is documented (collectives with ASTRA-sim input)."""
     choices = sim.link_model_names()
     p.add_argument("--link-model", choices=choices, default=None, metavar="MODEL",
                    help=f"how transfers share the links: {', '.join(choices)} (the README describes each); "
                         f"default {default_help}")
-    p.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if astra_modes:
+        p.add_argument("--mode", dest="link_model", choices=[*choices, ASTRA_UNAWARE], default=argparse.SUPPRESS,
+                       help="as --link-model; with --astra-network, astra is ASTRA-sim 2.0's congestion-aware "
+                            "analytical backend and astra-unaware its congestion-unaware one, emulated event by "
+                            "event (one-dimensional networks, ring or direct implementations)")
+    else:
+        p.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -40,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
                    help="largest size (default 8G = 8 x 2^30)")
     p.add_argument("--step-factor", type=int, default=2, metavar="F", help="size multiplier between rows (default 2)")
     p.add_argument("--algo", choices=sim.algorithm_names(), default="auto")
-    add_link_model_argument(p, "fair, or astra with ASTRA-sim input")
+    add_link_model_argument(p, "fair, or astra with ASTRA-sim input", astra_modes=True)
     p.add_argument("--dtype", choices=list(ELEMENT_BYTES), default="float", help="element type for the count column")
     p.add_argument("--root", type=int, default=0, metavar="RANK", help="root rank of broadcast and reduce")
     p.add_argument("--json", action="store_true", help="print a JSON list of rows instead of the table")
@@ -71,8 +82,19 @@ def _machine(args: argparse.Namespace, link_model: str) -> _Machine:
         net = m.network
         dims = " x ".join(f"{t}({n})" for t, n in zip(net.topology, net.npus_count))
         title = f"machine: ASTRA-sim {args.astra_network}" + (f" + {args.astra_system}" if args.astra_system else "")
+        refusal = m.emulation_refusal(args.op, args.algo)
+        if link_model in ("astra", ASTRA_UNAWARE) and refusal is None:
+            aware = link_model == "astra"
+            backend = "congestion-aware" if aware else "congestion-unaware"
+            return _Machine(os.path.basename(args.astra_network),
+                            f"{title}: {dims}, {m.npus} NPUs; ASTRA-sim's system layer and {backend} backend, emulated",
+                            m.npus, lambda op, n: m.emulated(op, n, aware))
+        if link_model == ASTRA_UNAWARE:
+            raise CliError(f"--mode {ASTRA_UNAWARE}: {refusal}")
         return _Machine(os.path.basename(args.astra_network), f"{title}: {dims}, {m.npus} NPUs", m.npus,
                         lambda op, n: m.model(op).run(op, float(n), devices, args.algo, link_model, args.root))
+    if link_model == ASTRA_UNAWARE:
+        raise CliError(f"--mode {ASTRA_UNAWARE} is ASTRA-sim's congestion-unaware backend: it needs --astra-network")
     p = platform_from(args)
     ranks = p.devices_per_node if args.ranks is None else args.ranks
     if ranks < 1:

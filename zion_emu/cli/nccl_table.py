@@ -3,6 +3,8 @@
 nccl-tests reports algbw = size / time and busbw = algbw x factor (all_reduce
 2(n-1)/n; reduce_scatter, all_gather, all_to_all (n-1)/n; broadcast 1), with
 GB/s = 1e9 bytes/s. The model returns both; this module only formats them.
+The algorithm column names the model's algorithm and, where NCCL's tuning
+model priced the call, NCCL's protocol after a slash: ``ring/LL128``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from zion_emu.cli.sizes import ELEMENT_BYTES
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 _ROOTED = {"broadcast", "reduce"}
 
-# (op, nbytes) -> the model's CollectiveResult (time, algbw, busbw, algorithm).
+# (op, nbytes) -> the model's CollectiveResult (time, algbw, busbw, algorithm, protocol).
 RunCollective = Callable[[str, int], Any]
 
 # nccl-tests' columns; its header lines start with '#'.
@@ -40,6 +42,11 @@ class Row:
     algbw_bytes_per_s: float
     busbw_bytes_per_s: float
     algorithm: str
+    protocol: str = ""  # NCCL's protocol (LL, LL128, Simple) where its tuning model priced the call
+
+    @property
+    def shown_algorithm(self) -> str:
+        return f"{self.algorithm}/{self.protocol}" if self.protocol else self.algorithm
 
     @property
     def count(self) -> int:
@@ -64,19 +71,20 @@ class Row:
             "root": self.shown_root,
             "time_us": round(self.time_s * 1e6, 6), "time_ns": round(self.time_s * 1e9, 3),
             "algbw_gbps": self.algbw_bytes_per_s / 1e9, "busbw_gbps": self.busbw_gbps,
-            "algorithm": self.algorithm,
+            "algorithm": self.algorithm, "protocol": self.protocol,
         }
 
     def line(self) -> str:
         return TABLE.row(self.nbytes, self.count, self.dtype, self.redop, self.shown_root, self.time_s * 1e6,
-                         self.algbw_bytes_per_s / 1e9, self.busbw_gbps, self.algorithm)
+                         self.algbw_bytes_per_s / 1e9, self.busbw_gbps, self.shown_algorithm)
 
 
 def sweep(run: RunCollective, op: str, ranks: int, link_model: str, sizes: list[int], dtype: str, root: int) -> list[Row]:
     rows = []
     for nbytes in sizes:
         r = run(op, nbytes)
-        rows.append(Row(op, ranks, link_model, nbytes, dtype, root, r.time, r.algbw, r.busbw, r.algorithm))
+        rows.append(Row(op, ranks, link_model, nbytes, dtype, root, r.time, r.algbw, r.busbw, r.algorithm,
+                        getattr(r, "protocol", "")))
     return rows
 
 

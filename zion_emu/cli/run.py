@@ -7,7 +7,7 @@ platform (a preset or file plus ``--set`` overrides) is written as one
 complete platform file that every rank loads through ``ZION_PLATFORM``.
 At the end the ranks' snapshots are merged into the report
 (:mod:`zion_emu.report`), printed (:mod:`zion_emu.report_text`), and
-written as JSON, a trace and a plot when asked.
+written as JSON, a trace, a plot and an HTML page when asked.
 
 ``--world-size N --ranks LIST`` runs a world bigger than its processes:
 the script sees ``WORLD_SIZE=N`` and its own rank, only the listed ranks run
@@ -69,6 +69,8 @@ def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) ->
     p.add_argument("--trace", metavar="OUT.json", default=None,
                    help="write a Chrome/Perfetto trace of the modeled timeline")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="plot device utilization over modeled time")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="write the report and its charts as one self-contained HTML page (loads nothing)")
     p.add_argument("--quiet-report", action="store_true", help="do not print the report (still written with --report)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -197,7 +199,8 @@ def _check(args: argparse.Namespace, platform: Any) -> World | None:
 def _check_outputs(args: argparse.Namespace) -> None:
     if args.samples_per_iteration is not None and args.samples_per_iteration <= 0:
         raise CliError(f"--samples-per-iteration must be positive, got {args.samples_per_iteration}")
-    for path, what in ((args.report, "--report"), (args.trace, "--trace"), (args.plot, "--plot")):
+    for path, what in ((args.report, "--report"), (args.trace, "--trace"), (args.plot, "--plot"),
+                       (args.html, "--html")):
         if path and Path(path).is_dir():
             raise CliError(f"{what} {path} is a directory; give a file name")
 
@@ -277,7 +280,7 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
            interrupted: bool, world: World | None = None) -> tuple[RunReport | None, int]:
     """Merges, prints and writes what was asked; returns (report, exit code)."""
     from zion_emu import report as rep
-    from zion_emu import trace
+    from zion_emu import report_html, trace
     from zion_emu.report_text import format_text
 
     if not snaps:
@@ -302,6 +305,7 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
         (args.report, "report", lambda p: rep.write_json(merged, p)),
         (args.trace, "trace", lambda p: trace.write(snaps, p)),
         (args.plot, "plot", lambda p: trace.plot_utilization(snaps, p)),
+        (args.html, "HTML report", lambda p: report_html.write_run(merged, snaps, p, report_html.invocation())),
     ):
         if not path:
             continue

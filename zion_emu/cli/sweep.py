@@ -3,7 +3,8 @@
 ``--set fabric.topology=ring,fully_connected --set oam.hbm_bandwidth_gb_per_s=900,1800``
 runs every combination (here four) with ``zion-emu run`` and prints one row
 per variant: modeled time per iteration, samples/s, wall time and the
-breakdown, plus a bar plot with ``--plot``.
+breakdown, plus a bar plot with ``--plot`` and a page comparing the variants
+(their charts, the fastest marked, each one's report) with ``--html``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import copy
 import itertools
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,13 +81,15 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     rows: list[Variant] = []
     combos = variants(args.sweeps)
+    if args.html:
+        _check_writable(args.html, "--html")
     for i, combo in enumerate(combos):
         label = ", ".join(combo) or "(base platform)"
         print(f"[{i + 1}/{len(combos)}] {label}", flush=True)
         one = copy.copy(args)
         one.assignments = list(args.assignments) + combo
         one.report = one.trace = None
-        one.plot = None
+        one.plot = one.html = None
         one.quiet_report = True
         report, code = execute(one, stdout=None if args.show_output else subprocess.DEVNULL)
         if code != 0 or report is None:
@@ -98,7 +102,21 @@ def run(args: argparse.Namespace) -> int:
             json.dump([{"variant": r.assignments, **r.numbers()} for r in rows], f, indent=1)
     if args.plot:
         plot(rows, args.plot)
+    if args.html:
+        from zion_emu import report_html
+
+        report_html.write_sweep([(r.name, r.report) for r in rows], args.html, report_html.invocation())
+        print(f"zion-emu: wrote the HTML report to {args.html}")
     return 0
+
+
+def _check_writable(path: str, what: str) -> None:
+    """Fails before any variant runs if ``path`` cannot take the file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CliError(f"{what} {path} is a directory; give a file name")
+    if not os.path.isdir(folder):
+        raise CliError(f"{what} {path}: folder {folder} does not exist")
 
 
 @dataclass

@@ -29,7 +29,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from zion_emu import _C
 
 ZION = "zion"
-_cpu_alias = _C.device.cpu_alias
+
+
+def _cpu_alias(t: torch.Tensor) -> torch.Tensor:
+    # The glue reads metadata only, and every op it calls on an alias runs on
+    # zion: a storage-less tensor (timing-only mode) gets an alias too.
+    return _C.device.cpu_alias(t, storage_less_ok=True)
+
 _zion_tensor_of_alias = _C.device.zion_tensor_of_alias
 
 # The library object keeps the registrations alive.

@@ -1,5 +1,8 @@
 #include "device/aten/op_pricing.h"
 
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
 #include <atomic>
 #include <unordered_map>
 
@@ -34,12 +37,51 @@ struct Priced {
   int label = -1;  // the operator's name on the timeline's spans
 };
 
+// The precisions the script allows float32 matmuls and convolutions, read as
+// CUDA reads them: torch.set_float32_matmul_precision("high") or
+// torch.backends.cuda.matmul.allow_tf32 / .fp32_precision = "tf32" -> TF32,
+// "medium" -> bf16; torch.backends.cudnn.allow_tf32 / .conv.fp32_precision
+// (TF32 unless turned off) for convolutions.
+void read_fp32_precision(sim::OpCall& call) {
+  at::Context& ctx = at::globalContext();
+  call.fp32_matmul = ctx.allowTF32CuBLAS() ? sim::DType::kTf32 : sim::DType::kFp32;
+  try {
+    if (ctx.float32MatmulPrecision() == at::Float32MatmulPrecision::MEDIUM) call.fp32_matmul = sim::DType::kBf16;
+  } catch (const c10::Error&) {
+    // Legacy and per-backend precision APIs mixed: torch has no single answer; the cuBLAS flag stands.
+  }
+  call.fp32_convolution = ctx.allowTF32CuDNN(at::Float32Op::CONV) ? sim::DType::kTf32 : sim::DType::kFp32;
+}
+
+// The last float32 matmul-class op or convolution priced in this process:
+// label id (upper 32 bits), requested dtype, priced dtype (8 bits each); ~0: none.
+std::atomic<uint64_t> last_fp32_matmul{~uint64_t{0}};
+
+void note_fp32_matmul(Runtime& rt, const sim::OpCall& call, const sim::OpCost& cost, int label) {
+  const sim::OpClass c = cost.work.op_class;
+  if ((c != sim::OpClass::kMatmul && c != sim::OpClass::kConvolution) || sim::compute_dtype(call) != sim::DType::kFp32 ||
+      cost.work.flops <= 0) {
+    return;
+  }
+  last_fp32_matmul.store((static_cast<uint64_t>(static_cast<uint32_t>(label)) << 32) |
+                             (static_cast<uint64_t>(cost.requested_dtype) << 8) |
+                             static_cast<uint64_t>(cost.priced_dtype),
+                         std::memory_order_relaxed);
+  if (cost.requested_dtype != cost.priced_dtype) {
+    TORCH_WARN_ONCE("zion: platform '", rt.platform.name, "' gives its OAMs no ", sim::dtype_name(cost.requested_dtype),
+                    " peak; float32 matmuls and convolutions that the precision settings allow to run as ",
+                    sim::dtype_name(cost.requested_dtype), " are priced at the fp32 peak");
+  }
+}
+
 void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, int label,
             c10::DeviceIndex device, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   describe(inputs, call.inputs);
   describe(outputs, call.outputs);
+  read_fp32_precision(call);
   sim::OpCost cost = rt.cost->cost(call, formula);
+  note_fp32_matmul(rt, call, cost, label);
   int stream = static_cast<int>(current_stream(device).id());
   rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time, 0, sim::Activity::kCompute, label);
   rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
@@ -49,6 +91,15 @@ void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& 
 }  // namespace
 
 int64_t priced_ops() { return g_priced_ops.load(std::memory_order_relaxed); }
+
+std::optional<Fp32MatmulPricing> last_fp32_matmul_pricing() {
+  const uint64_t v = last_fp32_matmul.load(std::memory_order_relaxed);
+  if (v == ~uint64_t{0}) return std::nullopt;
+  const std::vector<std::string> labels = runtime().timeline.labels();
+  const auto label = static_cast<size_t>(v >> 32);
+  return Fp32MatmulPricing{label < labels.size() ? labels[label] : std::string(),
+                           static_cast<sim::DType>((v >> 8) & 0xff), static_cast<sim::DType>(v & 0xff)};
+}
 
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args) {

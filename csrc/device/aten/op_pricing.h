@@ -7,6 +7,7 @@
 
 #include "sim/op_cost.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,17 @@ int64_t priced_ops();
 // device's current stream. `label` names it on the timeline. It counts as an
 // op and as a compiled kernel. Throws std::invalid_argument naming `label`
 // if a count is negative or not finite.
+// The last float32 matmul-class op or convolution charged in this process:
+// its operator, the precision its settings asked for (fp32, tf32 or bf16) and
+// the one whose peak priced it (fp32 where the platform has no peak for the
+// asked one). None before the first.
+struct Fp32MatmulPricing {
+  std::string op;
+  sim::DType requested;
+  sim::DType priced;
+};
+std::optional<Fp32MatmulPricing> last_fp32_matmul_pricing();
+
 void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,
                    sim::OpClass op_class, sim::DType dtype);
 

@@ -21,11 +21,13 @@
 #include <ATen/ops/is_coalesced_native.h>
 #include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/values_native.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "device/aten/op_pricing.h"
@@ -67,12 +69,49 @@ at::Tensor sparse_like(const at::Tensor& like, const at::Tensor& indices, const 
                                  like.scalar_type(), c10::Layout::Sparse, device, std::nullopt, like.is_coalesced());
 }
 
+// Timing-only mode: a sparse op with storage-less values (an embedding
+// gradient, an optimizer's sparse state). Indices are real, so the CPU kernel
+// runs on them with narrow zero stand-ins for the storage-less floats: the
+// last (dense) dimension D of the sparse values, and of every storage-less
+// tensor ending in D, becomes min(D, 4). Its integer results (indices, nnz)
+// are then real mode's, and its float results come back storage-less with D
+// put back. An op that writes a storage-less dense argument and returns only
+// it (dense.add_(sparse)) changes no metadata: it is priced and not run.
+// Prices come from the zion tensors' full shapes, as in real mode.
+struct SparseTiming {
+  static constexpr int64_t kWidth = 4;
+  int64_t d = -1;  // D of the storage-less sparse values; -1: nothing narrowed
+  c10::DeviceIndex device = -1;
+
+  bool narrows(const at::Tensor& t) const { return d > kWidth && t.dim() >= 1 && t.size(-1) == d; }
+  std::vector<int64_t> narrowed(c10::IntArrayRef sizes, bool narrow) const {
+    std::vector<int64_t> shape(sizes.begin(), sizes.end());
+    if (narrow) shape.back() = kWidth;
+    return shape;
+  }
+  std::vector<int64_t> restored(c10::IntArrayRef sizes) const {
+    std::vector<int64_t> shape(sizes.begin(), sizes.end());
+    if (d > kWidth && !shape.empty() && shape.back() == kWidth) shape.back() = d;
+    return shape;
+  }
+  // A dense CPU stand-in of zeros; large ones are one broadcast zero (read-only).
+  at::Tensor zeros_for(const at::Tensor& t) const {
+    std::vector<int64_t> shape = narrowed(t.sizes(), narrows(t));
+    int64_t numel = 1;
+    for (int64_t extent : shape) numel *= extent;
+    auto options = t.options().device(c10::kCPU).layout(c10::kStrided);
+    return numel > (int64_t{1} << 20) ? at::zeros({1}, options).expand(shape) : at::zeros(shape, options);
+  }
+  at::Tensor storage_less_like(const at::Tensor& cpu) const { return storage_less_result(cpu, d, kWidth, device); }
+};
+
 struct SparseCall {
   const c10::OperatorHandle& op;
   c10::DeviceIndex device = -1;
   std::unique_ptr<AliasSet> aliases;
   std::unordered_map<c10::TensorImpl*, at::Tensor> zion_of;  // CPU stand-in -> zion argument
   std::vector<at::Tensor> inputs;
+  std::optional<SparseTiming> timing;  // storage-less arguments (timing-only mode)
 
   AliasSet& set() {
     if (!aliases) aliases = std::make_unique<AliasSet>(device < 0 ? current_device() : device);
@@ -86,20 +125,50 @@ struct SparseCall {
                 static_cast<int>(device), " and ", t.device(), "! (when checking arguments for ", op.schema().name(), ")");
     at::Tensor cpu;
     if (t.is_sparse()) {
-      cpu = sparse_like(t, set().alias(t._indices()), set().alias(t._values()), c10::Device(c10::DeviceType::CPU));
+      at::Tensor values = timing && is_storage_less(t._values()) ? timing->zeros_for(t._values()) : set().alias(t._values());
+      TORCH_CHECK(!is_storage_less(t._indices()), "zion timing-only: ", op.schema().operator_name(),
+                  " needs the indices of a sparse tensor, and they were computed from storage-less floats");
+      const bool narrow = timing && timing->narrows(t._values());
+      cpu = new_sparse_with_tensors(t.sparse_dim(), t.dense_dim(), c10::fromIntArrayRefSlow(timing ? timing->narrowed(t.sizes(), narrow)
+                                                                                                    : t.sizes().vec()),
+                                    set().alias(t._indices()), values, t.scalar_type(), c10::Layout::Sparse,
+                                    c10::Device(c10::DeviceType::CPU), std::nullopt, t.is_coalesced());
+    } else if (timing && is_storage_less(t)) {
+      cpu = timing->zeros_for(t);
     } else {
       cpu = set().alias(t);
     }
     zion_of.emplace(cpu.unsafeGetTensorImpl(), t);
-    inputs.push_back(cpu);
+    inputs.push_back(timing ? t : cpu);  // timing-only mode prices the zion tensors' full shapes
     return cpu;
+  }
+
+  // A result of a run on stand-ins: floats storage-less (D put back), integers real.
+  at::Tensor timing_result(const at::Tensor& t) {
+    if (t.is_sparse()) {
+      at::Tensor values = t._values();
+      values = c10::isFloatingType(values.scalar_type()) || c10::isComplexType(values.scalar_type())
+                   ? timing->storage_less_like(values) : set().to_zion(values);
+      return new_sparse_with_tensors(t.sparse_dim(), t.dense_dim(), c10::fromIntArrayRefSlow(timing->restored(t.sizes())),
+                                     set().to_zion(t._indices()), values, t.scalar_type(), c10::Layout::Sparse,
+                                     c10::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, t.is_coalesced());
+    }
+    if (c10::isFloatingType(t.scalar_type()) || c10::isComplexType(t.scalar_type())) return timing->storage_less_like(t);
+    return set().to_zion(t);
   }
 
   at::Tensor to_zion(const at::Tensor& t) {
     if (!t.defined() || !t.device().is_cpu()) return t;
     if (auto it = zion_of.find(t.unsafeGetTensorImpl()); it != zion_of.end()) {
       const at::Tensor& z = it->second;
-      if (z.is_sparse()) {
+      if (timing && z.is_sparse()) {
+        at::Tensor fresh = timing_result(t);
+        at::sparse::get_sparse_impl(z)->resize_(fresh.sparse_dim(), fresh.dense_dim(), fresh.sizes());
+        at::sparse::get_sparse_impl(z)->set_indices_and_values_unsafe(fresh._indices(), fresh._values());
+        at::sparse::get_sparse_impl(z)->set_coalesced(fresh.is_coalesced());
+      } else if (timing && is_storage_less(z)) {
+        // A written storage-less dense argument keeps its full shape.
+      } else if (z.is_sparse()) {
         // The kernel may have given the argument new indices or values.
         at::sparse::get_sparse_impl(z)->resize_(t.sparse_dim(), t.dense_dim(), t.sizes());
         at::sparse::get_sparse_impl(z)->set_indices_and_values_unsafe(set().to_zion(t._indices()), set().to_zion(t._values()));
@@ -109,46 +178,72 @@ struct SparseCall {
       }
       return z;
     }
+    if (timing) return timing_result(t);
     return set().to_zion(t);  // sparse results included
   }
 };
 
-// Timing-only: a sparse op over storage-less values. Prototype: ops whose only
-// results are their written dense arguments (dense.add_(sparse)) are priced
-// and left as they are (metadata does not change).
-void sparse_timing(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool writes_only_a_storage_less_dense_argument(const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
+  const size_t n = schema.arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
+  if (schema.returns().size() != 1) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const auto* info = schema.arguments()[i].alias_info();
+    if (!info || !info->isWrite()) continue;
+    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    return v.isTensor() && !v.toTensor().is_sparse() && is_storage_less(v.toTensor()) &&
+           schema.returns()[0].alias_info() && schema.returns()[0].alias_info()->isWrite();
+  }
+  return false;
+}
+
+// Prices, and does not run, an op whose one result is its written storage-less dense argument.
+void price_in_place(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-  std::vector<at::Tensor> inputs, outputs;
-  c10::DeviceIndex device = -1;
+  std::vector<at::Tensor> inputs;
   at::Tensor written;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    if (!v.isTensor() || !v.toTensor().defined()) continue;
-    const at::Tensor& t = v.toTensor();
-    if (t.device().is_privateuseone() && device < 0) device = t.device().index();
+    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().device().is_privateuseone()) continue;
     const auto* info = schema.arguments()[i].alias_info();
-    if (info && info->isWrite()) written = t;
-    if (t.device().is_privateuseone()) inputs.push_back(t);  // as the CPU path prices them
+    if (info && info->isWrite()) written = v.toTensor();
+    inputs.push_back(v.toTensor());
   }
-  TORCH_CHECK_NOT_IMPLEMENTED(written.defined() && !written.is_sparse() && schema.returns().size() == 1,
-                              "zion timing-only (prototype): sparse op ", schema.operator_name(),
-                              " over storage-less values has no rule yet");
+  const c10::DeviceIndex device = written.device().index();
   torch::jit::drop(*stack, num_args);
   stack->emplace_back(written);
-  outputs.push_back(written);
-  charge_op(op, device, inputs, outputs);
+  charge_op(op, device, inputs, {written});
+}
+
+// The device of the op, and D of its storage-less sparse values, for a run on stand-ins.
+SparseTiming sparse_timing_of(const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
+  SparseTiming timing;
+  const size_t n = schema.arguments().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(n); it != stack->end(); ++it) {
+    if (!it->isTensor() || !it->toTensor().defined()) continue;
+    const at::Tensor& t = it->toTensor();
+    if (timing.device < 0 && t.device().is_privateuseone()) timing.device = t.device().index();
+    if (t.is_sparse() && t.dense_dim() >= 1 && is_storage_less(t._values()) && timing.d < 0) timing.d = t._values().size(-1);
+  }
+  if (timing.device < 0) timing.device = current_device();
+  return timing;
 }
 
 void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (has_storage_less_argument(op, stack)) {
-    sparse_timing(op, stack);
+  const auto& schema = op.schema();
+  const bool storage_less = has_storage_less_argument(op, stack);
+  if (storage_less && writes_only_a_storage_less_dense_argument(schema, stack)) {
+    price_in_place(op, stack);
     return;
   }
-  const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   SparseCall call{op};
+  if (storage_less) {
+    call.timing = sparse_timing_of(schema, stack);
+    call.device = call.timing->device;
+  }
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   std::vector<std::pair<at::Tensor, at::Tensor>> written;  // CPU stand-in, zion argument
   for (size_t i = 0; i < num_args; ++i) {

@@ -16,14 +16,16 @@ void release_storage_ref(void* context) {
 }
 
 // A resizable CPU storage over the bytes of a zion storage.
-c10::Storage alias_storage(const c10::Storage& zion) {
+c10::Storage alias_storage(const c10::Storage& zion, bool storage_less_ok = false) {
   c10::StorageImpl* impl = zion.unsafeGetStorageImpl();
   // A storage-less tensor (timing-only mode) has no bytes to alias: a kernel
   // that reaches here would read or write address zero.
-  TORCH_CHECK(!is_storage_less(impl), "zion timing-only: a kernel needs the bytes of a storage-less tensor (",
+  const bool storage_less = is_storage_less(impl);
+  TORCH_CHECK(!storage_less || storage_less_ok, "zion timing-only: a kernel needs the bytes of a storage-less tensor (",
               impl->nbytes(), " bytes), which timing-only mode does not keep; this op has no timing-only rule");
   c10::raw::intrusive_ptr::incref(impl);
-  c10::DataPtr view(zion.mutable_data(), impl, &release_storage_ref, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr view(storage_less ? nullptr : zion.mutable_data(), impl, &release_storage_ref,
+                    c10::Device(c10::DeviceType::CPU));
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), zion.nbytes(),
                                                             std::move(view), c10::GetCPUAllocator(), true));
 }
@@ -103,8 +105,8 @@ void AliasSet::write_back(const at::Tensor& alias, const at::Tensor& zion) {
   sync_metadata(alias, zion);
 }
 
-at::Tensor cpu_alias(const at::Tensor& t) {
-  return tensor_over(alias_storage(t.storage()), c10::DispatchKey::CPU, t);
+at::Tensor cpu_alias(const at::Tensor& t, bool storage_less_ok) {
+  return tensor_over(alias_storage(t.storage(), storage_less_ok), c10::DispatchKey::CPU, t);
 }
 
 at::Tensor zion_tensor_of_alias(const at::Tensor& cpu) {

@@ -49,7 +49,10 @@ class AliasSet {
 };
 
 // One alias, for kernels that read a zion tensor once (copies, scalars).
-at::Tensor cpu_alias(const at::Tensor& zion_tensor);
+// With `storage_less_ok`, a storage-less tensor's alias has a null data
+// pointer: for glue code that only reads metadata and hands the alias back
+// to zion (zion_emu.torchrec); any kernel that touched its data would crash.
+at::Tensor cpu_alias(const at::Tensor& zion_tensor, bool storage_less_ok = false);
 
 // The zion tensor a CPU tensor made by cpu_alias (or a CPU view of one)
 // stands for: same storage, sizes, strides and offset. Undefined if `cpu`

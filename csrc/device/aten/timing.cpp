@@ -2,6 +2,8 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/TensorImpl.h>
@@ -161,6 +163,41 @@ struct MetaCall {
 // kernel on every call at widths 1 and 2); the float results, and max mode's
 // max_indices, come back storage-less with D put back. The integer results
 // are the CPU kernel's own, so they equal real mode's.
+bool is_embedding_bag_forward(const std::string& name) {
+  return name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only";
+}
+
+// The forward kernel's integer results (offset2bag, bag_size, and in sum and
+// mean modes max_indices) depend on the offsets and on which indices are the
+// padding row, not on which other rows are looked up. When every index is in
+// range, the stand-in weight is one row (two with a padding row) and the
+// indices are remapped onto it: a table of any size costs its batch's
+// lookups only. Out of range, a full-size contiguous stand-in takes real
+// mode's path, so the kernel raises real mode's error. Arguments as _embedding_bag's schema: (weight,
+// indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+// include_last_offset, padding_idx).
+void use_tiny_weight(torch::jit::Stack::iterator args, int64_t rows, int64_t width) {
+  const at::Tensor& indices = args[1].toTensor();
+  if (indices.numel() > 0) {
+    auto [lowest, highest] = at::aminmax(indices);
+    if (lowest.item<int64_t>() < 0 || highest.item<int64_t>() >= rows) {
+      // The contiguous path that real mode's weight takes checks the indices, with its message.
+      args[0] = at::zeros({rows, width}, args[0].toTensor().options());
+      return;
+    }
+  }
+  const at::Tensor& weight = args[0].toTensor();
+  const int64_t padding = args[8].isInt() ? args[8].toInt() : -1;
+  if (padding >= 0 && padding < rows) {
+    args[1] = indices.eq(padding).to(indices.scalar_type());
+    args[8] = int64_t{1};
+    args[0] = at::zeros({2, width}, weight.options());
+  } else {
+    args[1] = at::zeros_like(indices);
+    args[0] = at::zeros({1, width}, weight.options());
+  }
+}
+
 void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   constexpr int64_t kStandInWidth = 4;
   // A stand-in of more elements than this is one zero broadcast (no bytes),
@@ -195,17 +232,18 @@ void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* st
     }
     int64_t numel = 1;
     for (int64_t extent : shape) numel *= extent;
-    v = numel > kContiguousStandIn ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
-                                   : at::zeros(shape, t.options().device(c10::kCPU));
+    // A forward's weight is replaced by a tiny one below, if its indices allow.
+    const bool broadcast = numel > kContiguousStandIn || (i == 0 && is_embedding_bag_forward(schema.name()));
+    v = broadcast ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
+                  : at::zeros(shape, t.options().device(c10::kCPU));
+  }
+  if (is_embedding_bag_forward(schema.name()) && is_storage_less(inputs.at(0))) {
+    use_tiny_weight(args, inputs.at(0).size(0), d < 0 ? inputs.at(0).size(-1) : std::min(d, kStandInWidth));
   }
   aliases.set_device(device);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   aliases.commit();
-  auto storage_less_like = [&](const at::Tensor& t) {
-    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-    if (shape.size() == 2 && d >= 0) shape[1] = d;
-    return empty_storage_less(shape, t.scalar_type(), device);
-  };
+  auto storage_less_like = [&](const at::Tensor& t) { return storage_less_result(t, d, kStandInWidth, device); };
   const size_t num_returns = schema.returns().size();
   std::vector<at::Tensor> outputs;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
@@ -334,6 +372,30 @@ at::Tensor empty_storage_less(c10::IntArrayRef size, c10::ScalarType dtype, c10:
   at::Tensor t = at::detail::empty_generic(size, &storage_less_allocator(), kZionKeys, dtype, std::nullopt);
   if (previous != device) set_current_device(previous);
   return t;
+}
+
+at::Tensor storage_less_result(const at::Tensor& cpu, int64_t d, int64_t width, c10::DeviceIndex device) {
+  std::vector<int64_t> sizes(cpu.sizes().begin(), cpu.sizes().end());
+  const bool narrowed = d > width && !sizes.empty() && sizes.back() == width;
+  if (narrowed) sizes.back() = d;
+  if (!cpu.has_storage() || !cpu.is_contiguous()) return empty_storage_less(sizes, cpu.scalar_type(), device);
+  // The same share of a storage as large as the CPU kernel's (it may have
+  // allocated more than the result uses, as coalesce does): the pool
+  // accounts what real mode's adopted storage would hold.
+  size_t nbytes = cpu.storage().nbytes();
+  int64_t offset = cpu.storage_offset();
+  if (narrowed) {
+    nbytes = nbytes / static_cast<size_t>(width) * static_cast<size_t>(d);
+    offset = offset / width * d;
+  }
+  const c10::DeviceIndex previous = current_device();
+  if (previous != device) set_current_device(device);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &storage_less_allocator(), true);
+  if (previous != device) set_current_device(previous);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), kZionKeys, cpu.dtype());
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(offset);
+  return at::Tensor(std::move(impl));
 }
 
 bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {

@@ -33,6 +33,10 @@ bool stays_real(c10::ScalarType dtype, size_t nbytes);
 // A fresh storage-less zion tensor (contiguous) on `device`.
 at::Tensor empty_storage_less(c10::IntArrayRef size, c10::ScalarType dtype, c10::DeviceIndex device);
 
+// The storage-less counterpart of a CPU kernel's result computed on stand-ins
+// whose last dimension `d` was narrowed to `width`: `d` put back, over a
+// storage as large as the CPU result's (scaled likewise), on `device`.
+at::Tensor storage_less_result(const at::Tensor& cpu, int64_t d, int64_t width, c10::DeviceIndex device);
 // Whether a dense tensor's elements are all of its storage's bytes.
 bool covers_storage(const at::Tensor& t);
 // Gives a real zion tensor's storage back and makes it storage-less (same

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <string>
 
+#include "device/runtime/memory_history.h"
+#include "device/runtime/host_memory.h"
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
@@ -35,6 +37,7 @@ std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not b
 void delete_allocation(void* context) {
   std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
+  memory_history().freed(a->device, a->storage_less ? a.get() : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
   allocator().release(a->device, a->ptr, a->nbytes);
 }
 
@@ -90,22 +93,35 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
   }
 }
 
+void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
+  try {
+    reserve(device, nbytes);
+  } catch (const c10::OutOfMemoryError&) {
+    // Outside the pool's lock: the memory history may take the GIL for the stack.
+    memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
+    throw;
+  }
+}
+
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
   check_host_backing(device, nbytes);
-  reserve(device, nbytes);
+  reserve_or_record_oom(device, nbytes);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
-  reserve(device, nbytes);
+  reserve_or_record_oom(device, nbytes);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
-  return {nullptr, new Allocation{device, nbytes, nullptr, {}, true}, &delete_allocation,
-          c10::Device(c10::DeviceType::PrivateUse1, device)};
+  auto* allocation = new Allocation{device, nbytes, nullptr, {}, true};
+  // No bytes, so the memory history knows it by its bookkeeping's address.
+  memory_history().allocated(device, allocation, nbytes);
+  return {nullptr, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
 
 namespace {
@@ -149,6 +165,18 @@ int64_t resident_bytes() {
 
 }  // namespace
 
+int64_t host_bytes_available() {
+  const int64_t available = meminfo_bytes("MemAvailable");
+  if (available < 0) return -1;  // not Linux's /proc: nothing to compare with
+  // Bytes this process's pools hold that it has not touched yet are not in
+  // MemAvailable's count of used memory; they will be once written.
+  int64_t held = static_cast<int64_t>(allocator().bytes_in_use()) - g_storage_less_bytes.load(std::memory_order_relaxed);
+  for (int s = 0; s < pinned_allocator().sockets(); ++s) held += pinned_allocator().stats(s).in_use;
+  const int64_t resident = resident_bytes();
+  const int64_t untouched = resident < 0 ? 0 : std::max<int64_t>(0, held - resident);
+  return available - untouched;
+}
+
 void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
   // Large requests, and every kHostCheckBytes of smaller ones, are checked.
   {
@@ -160,15 +188,8 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
     const Pool& p = pool(device);
     if (p.stats.allocated_bytes[kAggregate].current + static_cast<int64_t>(nbytes) > p.capacity) return;
   }
-  const int64_t available = meminfo_bytes("MemAvailable");
-  if (available < 0) return;  // not Linux's /proc: nothing to compare with
-  // Bytes this process's pools hold that it has not touched yet are not in
-  // MemAvailable's count of used memory; they will be once written.
-  const int64_t resident = resident_bytes();
-  const int64_t held = static_cast<int64_t>(bytes_in_use()) - g_storage_less_bytes.load(std::memory_order_relaxed);
-  const int64_t untouched = resident < 0 ? 0 : std::max<int64_t>(0, held - resident);
-  const int64_t limit = available - untouched;
-  if (static_cast<int64_t>(nbytes) <= limit) return;
+  const int64_t limit = host_bytes_available();
+  if (limit < 0 || static_cast<int64_t>(nbytes) <= limit) return;
   int64_t used, capacity;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -179,10 +200,9 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
   TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
               gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
               gib(used), " of ", gib(capacity), " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
-              " available (MemAvailable ", gib(available), ", less ", gib(untouched),
-              " this process holds untouched). Real mode keeps every byte of a zion tensor in host memory; "
-              "run with --timing-only (zion-emu run --timing-only, or ZION_MODE=timing) to model it without "
-              "host bytes. Existing tensors are intact.");
+              " available to this process (MemAvailable less what its pools hold untouched). Real mode keeps "
+              "every byte of a zion tensor in host memory; run with --timing-only (zion-emu run --timing-only, or "
+              "ZION_MODE=timing) to model it without host bytes. Existing tensors are intact.");
 }
 
 bool timing_only() {
@@ -212,8 +232,9 @@ c10::Allocator& storage_less_allocator() {
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
-  reserve(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  reserve_or_record_oom(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
   void* data = bytes.get();
+  memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }

@@ -65,12 +65,18 @@ class HbmAllocator final : public c10::DeviceAllocator {
   static constexpr size_t kHostCheckBytes = size_t{64} << 20;
   size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
   void reserve(c10::DeviceIndex device, size_t nbytes);  // accounts, or raises OutOfMemoryError
+  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes);  // reserve, telling the memory history of an OOM
 
   mutable std::mutex mutex_;
   std::vector<Pool> pools_;
 };
 
 HbmAllocator& allocator();
+
+// What this process can still take from the host: /proc/meminfo's
+// MemAvailable less the bytes its HBM and socket pools hold untouched (not
+// yet resident); -1 where /proc says nothing.
+int64_t host_bytes_available();
 
 // Timing-only mode (ZION_MODE=timing, read once): floating-point zion tensors
 // have no host bytes.

@@ -1,5 +1,7 @@
 #include "device/runtime/host_memory.h"
 
+#include "device/runtime/allocator.h"
+
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
@@ -66,6 +68,9 @@ void PinnedAllocator::configure(const sim::Platform& platform) {
 c10::DataPtr PinnedAllocator::allocate(size_t nbytes) { return allocate_on(current_socket(), nbytes, true); }
 
 c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned) {
+  // Large requests, and every kHostCheckBytes of smaller ones, are checked against the host first.
+  const size_t unchecked = unchecked_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  if (nbytes >= kHostCheckBytes || unchecked >= kHostCheckBytes) check_host_backing(socket, nbytes);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(socket >= 0 && socket < static_cast<int>(pools_.size()), "zion: socket ", socket, " does not exist");
@@ -89,6 +94,21 @@ c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned
     owned_.store(live_.size(), std::memory_order_relaxed);
   }
   return {data, data, &delete_pooled, c10::Device(c10::DeviceType::CPU)};
+}
+
+void PinnedAllocator::check_host_backing(int socket, size_t nbytes) {
+  unchecked_bytes_.store(0, std::memory_order_relaxed);
+  if (socket < 0 || socket >= sockets()) return;  // allocate_on names the socket
+  const SocketMemoryStats p = stats(socket);
+  // Past the modeled capacity this is the modeled OOM, which allocate_on raises.
+  if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) return;
+  const int64_t limit = host_bytes_available();
+  if (limit < 0 || static_cast<int64_t>(nbytes) <= limit) return;
+  TORCH_CHECK(false, "zion: socket ", socket, " cannot back an allocation of ", gib(static_cast<int64_t>(nbytes)),
+              " with host memory: the modeled DDR pool has room (", gib(p.in_use), " of ", gib(p.capacity),
+              " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
+              " available to this process. Tensors in a socket's DDR are CPU tensors, which keep their bytes in "
+              "timing-only mode too. Existing buffers are intact.");
 }
 
 bool PinnedAllocator::release(void* ptr) {

@@ -51,6 +51,10 @@ class PinnedAllocator final : public c10::Allocator {
   void unlock_after_fork() { mutex_.unlock(); }
 
  private:
+  // Raises a clear error if the host cannot back `nbytes` more (see host_bytes_available).
+  void check_host_backing(int socket, size_t nbytes);
+  static constexpr size_t kHostCheckBytes = size_t{64} << 20;
+  std::atomic<size_t> unchecked_bytes_{0};  // allocated since the last host check
   struct Live {
     int socket;
     size_t nbytes;  // counted in the pool

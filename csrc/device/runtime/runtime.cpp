@@ -120,6 +120,7 @@ void set_platform(const sim::Platform& platform) {
   g_runtime = make_runtime(platform);
   allocator().configure(platform);
   pinned_allocator().configure(platform);
+  install_socket_cpu_allocator();  // as runtime() does: socket scopes place CPU tensors in their pools
 }
 
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }

@@ -169,6 +169,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 int socket_track(int socket) { return runtime().platform.oam.count + socket; }
 
 void set_socket_scope(int socket) {
+  // The runtime installs the CPU allocator that places tensors in the
+  // socket's pool: a scope opened before the first zion tensor starts it.
+  if (socket >= 0) runtime();
   set_scoped_socket(socket);  // checks the index
   if (socket >= 0 && t_callback == 0) {
     t_frames.clear();

@@ -1,0 +1,89 @@
+"""Timing-only mode against real mode on the DLRM example (examples/dlrm).
+
+    python bench/timing_mode_bench.py [--configs small,mlperf] [--num-batches 4]
+
+For each config, one process per mode (ZION_MODE=real, then timing) runs the
+example's training loop on one zion device and reports, measured over the
+loop after its first iteration (warm-up: Meta kernels' first calls):
+
+- priced ops per second of wall time (the mode's speed; target in timing-only
+  mode: >= 100,000 per process), with real mode's rate beside it;
+- wall ms per step, the process's peak RSS, and
+- the modeled ms/iteration and peak HBM, which must be equal in both modes
+  (the bench says so, or prints MISMATCH).
+
+Both modes see the same batches and the same weights' shapes; only real mode
+computes values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "dlrm"
+
+# One process: the loop of dlrm.train, timed from its second iteration.
+_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, zion_emu
+import dlrm
+from zion_emu import _C
+args = dlrm.parse_args(json.loads(sys.argv[2]) + ["--no-progress"])
+run = dlrm.setup(args)
+marks = []
+def emit(line):
+    if line.startswith("iter "):
+        marks.append((time.perf_counter(), _C.device.priced_ops()))
+summary = dlrm.train(run, emit)
+(t0, ops0), (t1, ops1) = marks[0], marks[-1]
+steps = len(marks) - 1
+print(json.dumps({
+    "mode": zion_emu.mode(), "ops_per_s": (ops1 - ops0) / (t1 - t0), "ops_per_step": (ops1 - ops0) / steps,
+    "wall_ms_per_step": 1e3 * (t1 - t0) / steps, "modeled_ms_per_iter": summary["modeled_ms_per_iter"],
+    "peak_hbm": torch.zion.max_memory_allocated(0),
+    "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
+    argv = ["--config", config, "--device", "zion", "--num-batches", str(num_batches), "--print-freq", "1", *extra]
+    env = dict(os.environ, ZION_MODE=mode, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _CHILD, str(EXAMPLE), json.dumps(argv)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"{config} in {mode} mode failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="small,mlperf", help="comma-separated example configs (mlperf at its 1M-row cap)")
+    p.add_argument("--num-batches", type=int, default=4, help="iterations per run (the first is warm-up)")
+    p.add_argument("--example-args", default="", help="more arguments for the example, e.g. '--max-rows 200000'")
+    a = p.parse_args()
+    extra = a.example_args.split()
+    print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed); nproc {os.cpu_count()}")
+    print("| config | mode | priced ops/s | ops/step | wall ms/step | peak RSS MiB | modeled ms/iter | peak HBM bytes |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for config in a.configs.split(","):
+        rows = {mode: measure(config, mode, extra, a.num_batches) for mode in ("real", "timing")}
+        for mode, r in rows.items():
+            print(f"| {config} | {mode} | {r['ops_per_s']:,.0f} | {r['ops_per_step']:,.0f} | {r['wall_ms_per_step']:.1f} "
+                  f"| {r['rss_mib']:,.0f} | {r['modeled_ms_per_iter']:.6f} | {r['peak_hbm']:,} |")
+        real, timing = rows["real"], rows["timing"]
+        same = (real["modeled_ms_per_iter"] == timing["modeled_ms_per_iter"] and real["peak_hbm"] == timing["peak_hbm"])
+        print(f"| {config} | timing / real | {timing['ops_per_s'] / real['ops_per_s']:.2f}x | | "
+              f"{timing['wall_ms_per_step'] / real['wall_ms_per_step']:.2f}x | "
+              f"{timing['rss_mib'] / real['rss_mib']:.2f}x | {'equal' if same else 'MISMATCH'} | |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,272 @@
+#include "nccl_tuning.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace zion::sim {
+namespace {
+
+// Figures of NCCL v2.21.5 (tag v2.21.5-1), src/graph/tuning.cc and
+// src/graph/search.cc. Indices: algorithm Tree, Ring, NVLS; protocol LL,
+// LL128, Simple. Microseconds and GB/s.
+
+// baseLat: Tree {6.8, 14.0, 0}, Ring {6.6, 14.0, 8.4}, NVLS {0, 0, 0}.
+constexpr double kBaseLatency[kNcclAlgorithms][kNcclProtocols] = {{6.8, 14.0, 0}, {6.6, 14.0, 8.4}, {0, 0, 0}};
+// hwLat[NVLINK]: Tree {.6, 1.25, 28}, Ring {.6, 1.9, 3.4}, NVLS {0, 0, 25}.
+constexpr double kNvlinkLatency[kNcclAlgorithms][kNcclProtocols] = {{0.6, 1.25, 28}, {0.6, 1.9, 3.4}, {0, 0, 25}};
+
+// Per GPU generation (Volta, Ampere, Hopper), one node (the N1 column):
+constexpr double kLLMaxBw[3] = {39.0, 87.7, 141.0};            // llMaxBws[gen][0]
+constexpr double kPerChMaxRingLL128Bw[3] = {20.0, 20.0, 36.7};  // perChMaxRingLL128Bws[gen][0]
+constexpr double kPerChMaxTreeLL128Bw[3] = {20.0, 20.0, 36.7};  // perChMaxTreeLL128Bws[gen][0]
+constexpr double kPerChMaxTreeBw[3] = {26.5, 24.0, 38.7};       // perChMaxTreeBws[gen][0]
+
+// treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MiB.
+constexpr double kTreeCorrection[kNcclProtocols][23] = {
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9}};
+
+// search.cc: the per-channel bandwidths the channel search tries, without
+// NICs in the system (one node), for compute capability < 90 and >= 90.
+const std::vector<double> kSpeedsIntra = {40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0};
+const std::vector<double> kSpeedsIntraSm90 = {60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0};
+constexpr int kMaxRingChannels = 16;  // init.cc: ringGraph.maxChannels = MAXCHANNELS / 2, MAXCHANNELS 32
+
+int generation_index(int cc) { return cc >= 90 ? 2 : cc >= 80 ? 1 : 0; }
+
+// How many channels of `speed` fit in `capacity` (NCCL subtracts in steps
+// rounded to 1e-3 GB/s; the small slack keeps 240 / 40 at 6).
+int channels_fitting(double capacity, double speed) { return static_cast<int>(std::floor(capacity / speed + 1e-9)); }
+
+// ncclTopoDupChannels: a graph of >= 25 GB/s channels doubles its channels
+// (up to max_channels) and divides their bandwidth, except on Hopper+ below
+// 50 GB/s with more than 4 channels.
+NcclGraph duplicate(NcclGraph g, int cc, int max_channels) {
+  if (g.bandwidth < 25.0) return g;
+  if (cc > 80 && g.bandwidth < 50.0 && g.channels > 4) return g;
+  const int dup = std::min(g.channels * 2, max_channels);
+  g.bandwidth /= (dup + g.channels - 1) / g.channels;
+  g.channels = dup;
+  return g;
+}
+
+// Pass 2 of ncclTopoCompute: the same channels at a higher speed, where they fit.
+NcclGraph raise_speed(NcclGraph g, const std::vector<double>& speeds, double capacity) {
+  for (auto it = speeds.rbegin(); it != speeds.rend(); ++it) {
+    if (*it > g.bandwidth && g.channels * *it <= capacity + 1e-9) g.bandwidth = *it;
+  }
+  return g;
+}
+
+// The ring search on an NVSwitch: each channel takes `speed` of every GPU's
+// link into the switch and out of it. Starting at the highest speed, NCCL
+// keeps the graph of most channels x speed (ties: the fewer channels found
+// first), stops once that covers the GPU's NVLink bandwidth, and tries lower
+// speeds while they are above 0.49 of the best one's.
+NcclGraph search_ring(int cc, double capacity) {
+  const auto& speeds = cc >= 90 ? kSpeedsIntraSm90 : kSpeedsIntra;
+  NcclGraph best;
+  size_t i = 0;
+  while (i + 1 < speeds.size() && speeds[i] > capacity) ++i;
+  for (; i < speeds.size(); ++i) {
+    const int ch = std::min(channels_fitting(capacity, speeds[i]), kMaxRingChannels);
+    if (ch >= 1 && ch * speeds[i] > best.channels * best.bandwidth) best = {ch, speeds[i]};
+    if (best.channels > 0 && best.channels * best.bandwidth >= capacity - 1e-9) break;
+    if (i + 1 < speeds.size() && best.channels > 0 && speeds[i + 1] / best.bandwidth <= 0.49) break;
+  }
+  if (best.channels == 0) throw std::invalid_argument("NCCL channel search: no ring fits " + std::to_string(capacity) + " GB/s of NVLink");
+  return raise_speed(duplicate(best, cc, kMaxRingChannels), speeds, capacity);
+}
+
+// The tree search takes exactly the ring's channel count (init.cc) and the
+// highest speed at which that many chains fit: on one node a tree is a chain,
+// each channel taking `speed` of every GPU's link in and out, and the search
+// budget is the NVLink bandwidth x ranks / (ranks - 1).
+NcclGraph search_tree(int cc, double capacity, int ranks, const NcclGraph& ring) {
+  const auto& speeds = cc >= 90 ? kSpeedsIntraSm90 : kSpeedsIntra;
+  const double budget = capacity * ranks / (ranks - 1);
+  for (double s : speeds) {
+    if (s * ring.channels > budget + 1e-9) continue;
+    if (ring.channels * s <= capacity + 1e-9) return duplicate({ring.channels, s}, cc, ring.channels);
+  }
+  throw std::invalid_argument("NCCL channel search: no tree of " + std::to_string(ring.channels) + " channels fits");
+}
+
+// NVLS: one channel per GPU (each GPU the head of one); a channel takes
+// `speed` of every GPU's link in each direction and twice that of its head's,
+// so ranks + 1 speeds per link. The highest speed that fits, starting where
+// speed x ranks is within the budget capacity x ranks / (ranks - 1).
+// bwInter is then raised (it crosses no link on one node), so the tuner's
+// min(bwIntra, bwInter) is bwIntra.
+NcclGraph search_nvls(double capacity, int ranks) {
+  const double budget = capacity * ranks / (ranks - 1);
+  for (double s : kSpeedsIntraSm90) {
+    if (s * ranks > budget + 1e-9) continue;
+    if (s * (ranks + 1) <= capacity + 1e-9) return {ranks, s};
+  }
+  return {};
+}
+
+int log2_floor(double bytes) {
+  long long n = static_cast<long long>(bytes);
+  int l = 0;
+  while (n >>= 1) ++l;
+  return l;
+}
+
+}  // namespace
+
+const char* nccl_algorithm_name(NcclAlgorithm a) {
+  switch (a) {
+    case NcclAlgorithm::kTree: return "Tree";
+    case NcclAlgorithm::kRing: return "Ring";
+    case NcclAlgorithm::kNvls: return "NVLS";
+  }
+  return "?";
+}
+
+const char* nccl_protocol_name(NcclProtocol p) {
+  switch (p) {
+    case NcclProtocol::kLL: return "LL";
+    case NcclProtocol::kLL128: return "LL128";
+    case NcclProtocol::kSimple: return "Simple";
+  }
+  return "?";
+}
+
+Algorithm model_algorithm(NcclAlgorithm a) {
+  switch (a) {
+    case NcclAlgorithm::kTree: return Algorithm::kDoubleBinaryTree;
+    case NcclAlgorithm::kRing: return Algorithm::kRing;
+    case NcclAlgorithm::kNvls: return Algorithm::kInSwitch;
+  }
+  return Algorithm::kRing;
+}
+
+bool NcclTuning::covers(CollectiveOp op) { return op_index(op) >= 0; }
+
+int NcclTuning::op_index(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kBroadcast: return 0;
+    case CollectiveOp::kReduce: return 1;
+    case CollectiveOp::kAllGather: return 2;
+    case CollectiveOp::kReduceScatter: return 3;
+    case CollectiveOp::kAllReduce: return 4;
+    default: return -1;
+  }
+}
+
+NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
+  if (in.compute_capability != 70 && in.compute_capability != 80 && in.compute_capability != 90) {
+    throw std::invalid_argument("NCCL tuning: compute capability " + std::to_string(in.compute_capability) +
+                                " has no figures; allowed: 70, 80, 90");
+  }
+  if (in.ranks < 2) throw std::invalid_argument("NCCL tuning: needs at least 2 ranks, got " + std::to_string(in.ranks));
+  if (!(in.nvlink_gb_per_s > 0) || !std::isfinite(in.nvlink_gb_per_s)) {
+    throw std::invalid_argument("NCCL tuning: NVLink bandwidth per GPU must be a positive number of GB/s");
+  }
+  const int cc = in.compute_capability;
+  const int n = in.ranks;
+  const int gen = generation_index(cc);
+  graphs_[static_cast<int>(NcclAlgorithm::kRing)] = search_ring(cc, in.nvlink_gb_per_s);
+  graphs_[static_cast<int>(NcclAlgorithm::kTree)] =
+      search_tree(cc, in.nvlink_gb_per_s, n, graphs_[static_cast<int>(NcclAlgorithm::kRing)]);
+  if (in.nvls && cc >= 90) graphs_[static_cast<int>(NcclAlgorithm::kNvls)] = search_nvls(in.nvlink_gb_per_s, n);
+
+  for (CollectiveOp op : {CollectiveOp::kBroadcast, CollectiveOp::kReduce, CollectiveOp::kAllGather,
+                          CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
+    const int c = op_index(op);
+    const int steps = op == CollectiveOp::kAllReduce ? 2 * (n - 1)
+                      : (op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter) ? n - 1
+                                                                                              : n;
+    for (int a = 0; a < kNcclAlgorithms; ++a) {
+      const auto algo = static_cast<NcclAlgorithm>(a);
+      // Tree only for all_reduce; NVLS for all_reduce, all_gather and reduce_scatter.
+      if (algo == NcclAlgorithm::kTree && op != CollectiveOp::kAllReduce) continue;
+      if (algo == NcclAlgorithm::kNvls && (op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce)) continue;
+      const NcclGraph& g = graphs_[a];
+      if (g.channels == 0) continue;
+      for (int p = 0; p < kNcclProtocols; ++p) {
+        const auto proto = static_cast<NcclProtocol>(p);
+        if (algo == NcclAlgorithm::kNvls && proto != NcclProtocol::kSimple) continue;
+        double bus = g.channels * g.bandwidth;
+        if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL) bus = std::min(kLLMaxBw[gen], bus * 0.5);
+        if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL128) {
+          bus = std::min(bus * 0.92, g.channels * kPerChMaxRingLL128Bw[gen]);  // ppn >= 2 on one node of >= 2 GPUs
+        }
+        if (algo == NcclAlgorithm::kTree) {
+          bus = std::min(bus * 0.92, g.channels * kPerChMaxTreeBw[gen]);
+          if (proto == NcclProtocol::kLL) bus = std::min(bus / 3.8, kLLMaxBw[gen]);
+          if (proto == NcclProtocol::kLL128) bus = std::min(bus * 7.0 / 9.0, g.channels * kPerChMaxTreeLL128Bw[gen]);
+        }
+        const double ratio = algo == NcclAlgorithm::kRing   ? static_cast<double>(n) / steps
+                             : algo == NcclAlgorithm::kNvls ? 5.0 / 6.0
+                                                            : 0.5;
+        bandwidth_[c][a][p] = bus * ratio;
+
+        const double hop = kNvlinkLatency[a][p];
+        double lat = kBaseLatency[a][p];
+        if (algo == NcclAlgorithm::kRing) {
+          // Broadcast and reduce on rings that are the same for every channel: one hop.
+          lat += (op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce) ? hop : steps * hop;
+        } else if (algo == NcclAlgorithm::kTree) {
+          lat += 2 * (n - 1) * hop;
+        } else {
+          lat = hop;  // NVLS: the NVLink latency replaces the base one
+        }
+        latency_[c][a][p] = lat;
+      }
+    }
+  }
+}
+
+double NcclTuning::latency_us(CollectiveOp op, NcclAlgorithm a, NcclProtocol p) const {
+  const int c = op_index(op);
+  return c < 0 ? 0 : latency_[c][static_cast<int>(a)][static_cast<int>(p)];
+}
+
+double NcclTuning::bandwidth_gb_per_s(CollectiveOp op, NcclAlgorithm a, NcclProtocol p) const {
+  const int c = op_index(op);
+  return c < 0 ? 0 : bandwidth_[c][static_cast<int>(a)][static_cast<int>(p)];
+}
+
+std::vector<NcclChoice> NcclTuning::candidates(CollectiveOp op, double bytes) const {
+  std::vector<NcclChoice> out;
+  const int c = op_index(op);
+  if (c < 0) return out;
+  const int log_size = log2_floor(std::floor(bytes / 64));
+  for (int a = 0; a < kNcclAlgorithms; ++a) {
+    for (int p = 0; p < kNcclProtocols; ++p) {
+      double bw = bandwidth_[c][a][p];
+      if (bw == 0) continue;
+      if (static_cast<NcclAlgorithm>(a) == NcclAlgorithm::kTree && log_size < 23) bw *= kTreeCorrection[p][log_size];
+      NcclChoice choice;
+      choice.algorithm = static_cast<NcclAlgorithm>(a);
+      choice.protocol = static_cast<NcclProtocol>(p);
+      choice.latency = latency_[c][a][p] * 1e-6;
+      choice.bandwidth = bw * 1e9;
+      choice.time = choice.latency + bytes / choice.bandwidth;
+      out.push_back(choice);
+    }
+  }
+  return out;
+}
+
+NcclChoice NcclTuning::choose(CollectiveOp op, double bytes, const NcclAlgorithm* only) const {
+  const NcclChoice* best = nullptr;
+  const auto all = candidates(op, bytes);
+  for (const auto& c : all) {
+    if (only && c.algorithm != *only) continue;
+    if (!best || c.time < best->time) best = &c;
+  }
+  if (!best) {
+    throw std::invalid_argument(std::string("NCCL's tuner offers no ") +
+                                (only ? std::string(nccl_algorithm_name(*only)) + " " : std::string()) +
+                                "algorithm for " + collective_op_name(op) + " here");
+  }
+  return *best;
+}
+
+}  // namespace zion::sim

@@ -1,0 +1,96 @@
+"""torch.zion.memory: the HBM history and snapshots in torch.cuda.memory's
+format, read back by torch's own memory_viz."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from processes import run_python
+
+
+def test_a_training_step_snapshot_renders_and_peaks_at_max_memory_allocated(tmp_path: Path):
+    # A fresh interpreter: the pools hold nothing before recording starts.
+    run_python(f"""
+        import pickle, torch, zion_emu
+        from torch import nn
+        from torch.cuda import _memory_viz
+        torch.zion.memory._record_memory_history(max_entries=100000)
+        model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to("zion")
+        opt = torch.optim.Adam(model.parameters())
+        x, y = torch.randn(64, 256, device="zion"), torch.randint(0, 10, (64,), device="zion")
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        torch.zion.memory._dump_snapshot({str(tmp_path / "snap.pickle")!r})
+        snap = torch.zion.memory._snapshot()
+        trace = snap["device_traces"][0]
+        assert zion_emu.memory.peak_from_trace(snap, 0) == torch.zion.max_memory_allocated() > 0
+        # Allocations carry the Python line that made them and modeled times.
+        allocs = [e for e in trace if e["action"] == "alloc"]
+        assert any(f["name"] == "<module>" and f["filename"].endswith("<string>") for e in allocs for f in e["frames"])
+        times = [e["time_us"] for e in trace]
+        assert times == sorted(times) and times[-1] > times[0]
+        # Segments are the live allocations: the parameters, Adam's state, x and y.
+        assert sum(s["allocated_size"] for s in snap["segments"]) == torch.zion.memory_allocated()
+        # torch's own readers take it.
+        assert "Active Memory Timeline" in _memory_viz.trace_plot(snap)
+        assert _memory_viz.segment_plot(snap)
+        assert "alloc" in _memory_viz.trace(snap)
+        assert "Summary of segments" in _memory_viz.segsum(snap)
+    """)
+    snap = pickle.loads((tmp_path / "snap.pickle").read_bytes())
+    assert snap["segments"] and snap["device_traces"][0]
+
+
+def test_an_out_of_memory_error_is_in_the_trace():
+    run_python("""
+        import torch, zion_emu
+        zion_emu.set_platform("zion", overrides={"oam.hbm_bytes": 1 << 20})
+        torch.zion.memory._record_memory_history()
+        a = torch.empty(1 << 18, device="zion")  # 1 MiB: all of it
+        try:
+            torch.empty(16, device="zion")
+        except torch.OutOfMemoryError:
+            pass
+        else:
+            raise AssertionError("expected an OOM")
+        oom = [e for e in torch.zion.memory._snapshot()["device_traces"][0] if e["action"] == "oom"]
+        assert len(oom) == 1 and oom[0]["size"] == 64 and oom[0]["device_free"] == 0
+    """)
+
+
+def test_stopping_keeps_what_was_recorded_and_records_nothing_more():
+    run_python("""
+        import torch, zion_emu
+        torch.zion.memory._record_memory_history()
+        a = torch.empty(1000, device="zion")
+        torch.zion.memory._record_memory_history(enabled=None)
+        b = torch.empty(2000, device="zion")
+        sizes = [e["size"] for e in torch.zion.memory._snapshot()["device_traces"][0] if e["action"] == "alloc"]
+        assert sizes == [4000]
+        del a  # allocated while recording: its free is still recorded, so the trace stays balanced
+        frees = [e["size"] for e in torch.zion.memory._snapshot()["device_traces"][0] if e["action"] == "free_completed"]
+        assert frees == [4000]
+    """)
+
+
+def test_cuda_compat_forms_are_zions():
+    run_python("""
+        import torch, zion_emu.cuda_compat
+        zion_emu.cuda_compat.enable()
+        torch.cuda.memory._record_memory_history()
+        a = torch.empty(256, device="cuda")
+        snap = torch.cuda.memory._snapshot()
+        assert [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"] == [1024]
+    """)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="enabled='yes'"):
+        torch.zion.memory._record_memory_history(enabled="yes")
+    with pytest.raises(ValueError, match="max_entries=0"):
+        torch.zion.memory._record_memory_history(max_entries=0)

@@ -1,0 +1,181 @@
+"""NCCL's own tuning model (NCCL v2.21.5, src/graph/tuning.cc and the channel
+search of src/graph/search.cc) for 8 GPUs on one NVSwitch, worked by hand.
+
+Channels (search.cc, no NICs on one node):
+- A100 (sm_80), 12 NVLinks x 20.0 GB/s = 240 GB/s per GPU. Ring: 6 channels of
+  40 GB/s fill 240, then ncclTopoDupChannels doubles them to 12 x 20 GB/s.
+  Tree: the ring's 12 channels at the highest speed that fits: 20 GB/s.
+- H100 (sm_90), 18 x 20.6 = 370.8 GB/s. Ring: 6 x 60 = 360 is the best
+  product (7 x 50, 9 x 40, 12 x 30 do not beat it), doubled to 12 x 30.
+  Tree: 12 x 30. NVLS: 8 channels (one per GPU), each taking (8 + 1) x speed
+  of a GPU's link: 40 GB/s (9 x 50 = 450 > 370.8).
+Both match the channel graphs NCCL prints on these machines
+("nChannels 12, bw 20.000000/20.000000" on A100; "nChannels 12, bw 30" for ring
+and tree, "nChannels 8, bw 40" for NVLS on H100 in NVIDIA/nccl#1197).
+
+all_reduce over 8 ranks, one node: ring steps 2(n-1) = 14, ring algorithm
+bandwidth = bus x 8/14, tree x 1/2, NVLS x 5/6. Latencies (us): ring
+LL 6.6 + 14 x 0.6 = 15.0, LL128 14.0 + 14 x 1.9 = 40.6, Simple 8.4 + 14 x 3.4 =
+56.0; tree LL 6.8 + 2 x 7 x 0.6 = 15.2, LL128 14.0 + 14 x 1.25 = 31.5, Simple
+0 + 14 x 28 = 392; NVLS 25.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pytest import approx
+
+import zion_emu
+from zion_emu import sim
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+# Algorithm bandwidths in GB/s (before the tree correction factor).
+A100_BW = {
+    ("Ring", "LL"): min(87.7, 240 * 0.5) * 8 / 14,  # llMaxBw Ampere 87.7 -> 50.114
+    ("Ring", "LL128"): min(240 * 0.92, 12 * 20.0) * 8 / 14,  # 126.171
+    ("Ring", "Simple"): 240 * 8 / 14,  # 137.143
+    ("Tree", "LL"): min(min(240 * 0.92, 12 * 24.0) / 3.8, 87.7) * 0.5,  # 29.053
+    ("Tree", "LL128"): min(220.8 * 7 / 9, 12 * 20.0) * 0.5,  # 85.867
+    ("Tree", "Simple"): 220.8 * 0.5,  # 110.4
+}
+H100_BW = {
+    ("Ring", "LL"): min(141.0, 360 * 0.5) * 8 / 14,  # llMaxBw Hopper 141 -> 80.571
+    ("Ring", "LL128"): min(360 * 0.92, 12 * 36.7) * 8 / 14,  # 189.257
+    ("Ring", "Simple"): 360 * 8 / 14,  # 205.714
+    ("Tree", "LL"): min(min(360 * 0.92, 12 * 38.7) / 3.8, 141.0) * 0.5,  # 43.579
+    ("Tree", "LL128"): min(331.2 * 7 / 9, 12 * 36.7) * 0.5,  # 128.8
+    ("Tree", "Simple"): 331.2 * 0.5,  # 165.6
+    ("NVLS", "Simple"): 8 * 40.0 * 5 / 6,  # 266.667
+}
+LAT_US = {("Ring", "LL"): 15.0, ("Ring", "LL128"): 40.6, ("Ring", "Simple"): 56.0,
+          ("Tree", "LL"): 15.2, ("Tree", "LL128"): 31.5, ("Tree", "Simple"): 392.0, ("NVLS", "Simple"): 25.0}
+
+
+def us(lat_us: float, nbytes: int, gbps: float) -> float:
+    return lat_us + nbytes / (1000 * gbps)
+
+
+# (size, chosen algorithm/protocol, hand-worked time in us, runner-up time in us)
+A100_CASES = [
+    # 8 B: ring LL 15.0 + 8/50114 vs tree LL 15.2 + ...
+    (8, "Ring", "LL", us(15.0, 8, A100_BW["Ring", "LL"]), us(15.2, 8, A100_BW["Tree", "LL"])),
+    # 64 KiB: log2(65536/64) = 10, tree LL factor 0.6: 15.2 + 65536/(29.05e3 x 0.6) = 18.96.
+    (64 * KIB, "Ring", "LL", us(15.0, 64 * KIB, A100_BW["Ring", "LL"]), us(15.2, 64 * KIB, A100_BW["Tree", "LL"] * 0.6)),
+    # 1 MiB: 15.0 + 20.92 = 35.92 vs ring LL128 40.6 + 8.31 = 48.91.
+    (MIB, "Ring", "LL", us(15.0, MIB, A100_BW["Ring", "LL"]), us(40.6, MIB, A100_BW["Ring", "LL128"])),
+    # 16 MiB: ring LL128 40.6 + 132.97 = 173.57 vs ring Simple 56.0 + 122.33 = 178.33.
+    (16 * MIB, "Ring", "LL128", us(40.6, 16 * MIB, A100_BW["Ring", "LL128"]), us(56.0, 16 * MIB, A100_BW["Ring", "Simple"])),
+    # 1 GiB: ring Simple 56 + 7829.37 = 7885.37 vs ring LL128 8550.78 (no tree factor past 256 MiB).
+    (GIB, "Ring", "Simple", us(56.0, GIB, A100_BW["Ring", "Simple"]), us(40.6, GIB, A100_BW["Ring", "LL128"])),
+]
+H100_CASES = [
+    (8, "Ring", "LL", us(15.0, 8, H100_BW["Ring", "LL"]), us(15.2, 8, H100_BW["Tree", "LL"])),
+    (64 * KIB, "Ring", "LL", us(15.0, 64 * KIB, H100_BW["Ring", "LL"]), us(15.2, 64 * KIB, H100_BW["Tree", "LL"] * 0.6)),
+    # 1 MiB: ring LL 15.0 + 13.01 = 28.01 vs NVLS 25 + 3.93 = 28.93.
+    (MIB, "Ring", "LL", us(15.0, MIB, H100_BW["Ring", "LL"]), us(25.0, MIB, H100_BW["NVLS", "Simple"])),
+    # 16 MiB: NVLS 25 + 62.91 = 87.91 vs ring LL128 40.6 + 88.65 = 129.25.
+    (16 * MIB, "NVLS", "Simple", us(25.0, 16 * MIB, H100_BW["NVLS", "Simple"]), us(40.6, 16 * MIB, H100_BW["Ring", "LL128"])),
+    # 1 GiB: NVLS 25 + 4026.53 = 4051.53 vs ring Simple 56 + 5219.58 = 5275.58.
+    (GIB, "NVLS", "Simple", us(25.0, GIB, H100_BW["NVLS", "Simple"]), us(56.0, GIB, H100_BW["Ring", "Simple"])),
+]
+MODEL_NAME = {"Ring": "ring", "Tree": "double_binary_tree", "NVLS": "in_switch"}
+
+
+@pytest.mark.parametrize("cc,nvlink,nvls,ring,tree,nvls_graph", [
+    (80, 12 * 20.0, False, (12, 20.0), (12, 20.0), (0, 0.0)),
+    (90, 18 * 20.6, True, (12, 30.0), (12, 30.0), (8, 40.0)),
+])
+def test_channel_search(cc, nvlink, nvls, ring, tree, nvls_graph):
+    t = sim.NcclTuning(cc, 8, nvlink, nvls)
+    assert t.graph("Ring") == ring and t.graph("Tree") == tree and t.graph("NVLS") == nvls_graph
+
+
+@pytest.mark.parametrize("cc,nvlink,nvls,table", [(80, 240.0, False, A100_BW), (90, 370.8, True, H100_BW)])
+def test_latency_and_bandwidth_table(cc, nvlink, nvls, table):
+    t = sim.NcclTuning(cc, 8, nvlink, nvls)
+    # 16 MiB: log2(16 MiB / 64) = 18; tree factors LL .9, LL128 .9, Simple .7 there.
+    got = {(c["algorithm"], c["protocol"]): c for c in t.candidates("all_reduce", 16 * MIB)}
+    assert set(got) == set(table)
+    factor = {"LL": 0.9, "LL128": 0.9, "Simple": 0.7}
+    for key, gbps in table.items():
+        expected = gbps * (factor[key[1]] if key[0] == "Tree" else 1.0)
+        assert got[key]["bandwidth"] == approx(expected * 1e9, rel=1e-12), key
+        assert got[key]["latency"] == approx(LAT_US[key] * 1e-6, rel=1e-12), key
+
+
+@pytest.mark.parametrize("name,cases", [("hgx-a100", A100_CASES), ("hgx-h100", H100_CASES)])
+def test_protocol_chosen_per_size_on_the_presets(name, cases):
+    p = zion_emu.load_platform(name)
+    for size, algo, proto, time_us, runner_up_us in cases:
+        assert time_us < runner_up_us
+        r = sim.collective(p, "all_reduce", size, 8)
+        assert (r.algorithm, r.protocol) == (MODEL_NAME[algo], proto), size
+        assert r.time * 1e6 == approx(time_us, rel=1e-9), size
+        assert r.closed_form
+
+
+def test_other_collectives_use_their_own_steps():
+    # all_gather of 64 MiB on H100: ring steps n-1 = 7, ratio 8/7. Ring Simple
+    # 8.4 + 7 x 3.4 = 32.2 us at 360 x 8/7 = 411.4 GB/s: 195.3 us; ring LL128
+    # 14.0 + 7 x 1.9 = 27.3 us at 331.2 x 8/7 GB/s: 204.6 us; NVLS 25 us at
+    # 266.7 GB/s: 276.7 us. The ring's 8/7 beats NVLS's 5/6 here.
+    p = zion_emu.load_platform("hgx-h100")
+    S = 64 * MIB
+    ring_simple = us(8.4 + 7 * 3.4, S, 360 * 8 / 7)
+    assert ring_simple < us(27.3, S, 331.2 * 8 / 7) < us(25.0, S, 266.6666666666667)
+    r = sim.collective(p, "all_gather", S, 8)
+    assert (r.algorithm, r.protocol) == ("ring", "Simple")
+    assert r.time * 1e6 == approx(ring_simple, rel=1e-9)
+    # broadcast: ring only, one hop of latency on channels that are the same
+    # ring each: LL 6.6 + 0.6 = 7.2 us at min(141, 180) x 8/8 GB/s.
+    b = sim.collective(p, "broadcast", 8, 8)
+    assert (b.algorithm, b.protocol) == ("ring", "LL")
+    assert b.time * 1e6 == approx(us(7.2, 8, 141.0), rel=1e-9)
+
+
+def test_all_to_all_and_forced_algorithms_keep_the_topology_model():
+    p = zion_emu.load_platform("hgx-a100")
+    assert sim.collective(p, "all_to_all", MIB, 8).protocol == ""
+    assert sim.collective(p, "all_reduce", MIB, 8, algo="ring").protocol == ""
+    off = zion_emu.load_platform("hgx-a100", overrides={"collectives.nccl_tuner.enabled": False})
+    assert sim.collective(off, "all_reduce", MIB, 8).protocol == ""
+
+
+def test_subsets_of_ranks_get_their_own_tuning():
+    # 4 of the A100s: ring steps 6, ratio 4/6; ring LL latency 6.6 + 6 x 0.6 = 10.2 us.
+    p = zion_emu.load_platform("hgx-a100")
+    r = sim.collective(p, "all_reduce", 8, [0, 1, 2, 3])
+    assert (r.algorithm, r.protocol) == ("ring", "LL")
+    assert r.time * 1e6 == approx(us(10.2, 8, min(87.7, 120.0) * 4 / 6), rel=1e-9)
+
+
+def test_bad_tuning_inputs_are_refused():
+    with pytest.raises(ValueError, match="compute capability 75 has no figures; allowed: 70, 80, 90"):
+        sim.NcclTuning(75, 8, 240.0)
+    with pytest.raises(ValueError, match="compute_capability"):
+        zion_emu.load_platform("hgx-a100", overrides={"collectives.nccl_tuner.compute_capability": 86})
+
+
+
+def test_other_fabrics_keep_the_topology_model():
+    # The tuner's channel search is the NVSwitch one: a fully connected
+    # variant of the preset prices auto by the topology model.
+    p = zion_emu.load_platform("hgx-a100", overrides={"fabric.topology": "fully_connected"})
+    assert sim.collective(p, "all_reduce", MIB, 8).protocol == ""
+
+
+def test_the_nccl_tests_table_names_algorithm_and_protocol(capsys: pytest.CaptureFixture[str]):
+    import json as _json
+
+    from zion_emu.__main__ import main
+
+    assert main(["collectives", "--platform", "hgx-h100", "--min-bytes", "1M", "--max-bytes", "16M",
+                 "--step-factor", "16"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isspace() or line[:1].isdigit()]
+    rows = [r for r in rows if r and r[0].isdigit()]
+    assert [(int(r[0]), r[-1]) for r in rows] == [(MIB, "ring/LL"), (16 * MIB, "in_switch/Simple")]
+    assert main(["collectives", "--platform", "hgx-h100", "--min-bytes", "16M", "--max-bytes", "16M", "--json"]) == 0
+    (row,) = _json.loads(capsys.readouterr().out)
+    assert (row["algorithm"], row["protocol"]) == ("in_switch", "Simple")
+    assert row["time_us"] == approx(H100_CASES[3][3], rel=1e-6)

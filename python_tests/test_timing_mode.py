@@ -1,0 +1,279 @@
+"""Timing-only mode (ZION_MODE=timing): floating-point zion tensors have no
+host bytes, integer and bool ones stay real, every op is priced as in real
+mode, and the host reading a float value gets a counted placeholder.
+
+The mode is read once per process, so each case runs a snippet in a fresh
+interpreter (in both modes where the two are compared)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from processes import child_env, run_python, zion_emu_cli
+
+# A small training step whose modeled time and memory the two modes must agree on.
+TRAINING_STEP = """
+import json, torch, zion_emu
+torch.manual_seed(0)
+dev = torch.device("zion:0")
+bag = torch.nn.EmbeddingBag(5000, 16, mode="sum", sparse=True, device=dev)
+mlp = torch.nn.Sequential(torch.nn.Linear(16 + 13, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(dev)
+dense_opt = torch.optim.Adagrad(mlp.parameters(), lr=0.1)
+sparse_opt = torch.optim.Adagrad(bag.parameters(), lr=0.1)  # sparse: coalesce, sparse_mask
+for step in range(3):
+    idx = torch.randint(0, 5000, (256,)).to(dev)
+    off = (torch.arange(64) * 4).to(dev)
+    x = torch.randn(64, 13).to(dev)
+    y = torch.rand(64, 1).to(dev)
+    z = torch.cat([bag(idx, off), x], dim=1)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(mlp(z), y)
+    dense_opt.zero_grad(); sparse_opt.zero_grad()
+    loss.backward()
+    dense_opt.step(); sparse_opt.step()
+torch.zion.synchronize()
+print(json.dumps({"mode": zion_emu.mode(), "clock": zion_emu.clock(),
+                  "peak": torch.zion.max_memory_allocated(0), "now": torch.zion.memory_allocated(0),
+                  "storage_less": zion_emu._C.device.is_storage_less(bag.weight),
+                  "priced": zion_emu._C.device.priced_ops()}))
+"""
+
+
+def _run(code: str, mode: str, check: bool = True):
+    return run_python(code, env=child_env(ZION_MODE=mode, OMP_NUM_THREADS="1"), check=check)
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_mode_is_real_by_default_and_timing_from_the_environment():
+    code = "import zion_emu, torch; torch.empty(1, device='zion'); print(zion_emu.mode())"
+    assert run_python(code, env=child_env(ZION_MODE=None)).stdout.split()[-1] == "real"
+    assert _run(code, "timing").stdout.split()[-1] == "timing"
+
+
+def test_an_unknown_mode_is_a_clear_error():
+    done = _run("import torch, zion_emu; torch.empty(1, device='zion')", "fast", check=False)
+    assert done.returncode != 0
+    assert "ZION_MODE='fast' is not a mode" in done.stderr and "'timing'" in done.stderr
+
+
+def test_floats_have_no_host_bytes_and_integers_stay_real():
+    done = _run("""
+        import torch, zion_emu
+        from zion_emu import _C
+        f = torch.empty(1 << 28, device="zion")          # 1 GiB of float32: no host bytes
+        h = torch.empty(4, dtype=torch.float16, device="zion")
+        i = torch.arange(10, device="zion")
+        b = i > 4
+        print(_C.device.is_storage_less(f), _C.device.is_storage_less(h), f.data_ptr() == 0)
+        print(_C.device.is_storage_less(i), _C.device.is_storage_less(b), i.sum().item(), b.sum().item())
+        print(torch.zion.memory_allocated(0) >= (1 << 30))
+    """, "timing")
+    lines = done.stdout.split("\n")
+    assert lines[0].split() == ["True", "True", "True"]
+    assert lines[1].split() == ["False", "False", "45", "5"]
+    assert lines[2] == "True"
+
+
+def test_a_training_step_is_priced_and_accounted_as_in_real_mode():
+    real = _last_json(_run(TRAINING_STEP, "real").stdout)
+    timing = _last_json(_run(TRAINING_STEP, "timing").stdout)
+    assert (real["mode"], timing["mode"]) == ("real", "timing")
+    assert timing["storage_less"] and not real["storage_less"]
+    assert timing["priced"] == real["priced"]
+    assert timing["clock"] == pytest.approx(real["clock"], rel=1e-9)
+    assert (timing["peak"], timing["now"]) == (real["peak"], real["now"])
+
+
+def test_embedding_bag_offsets_give_the_real_integer_results():
+    done = _run("""
+        import torch, zion_emu
+        w = torch.nn.Parameter(torch.empty(100, 32, device="zion"))
+        idx = torch.tensor([3, 7, 7, 1, 9, 2], device="zion"); off = torch.tensor([0, 2, 2, 5], device="zion")
+        out, offset2bag, bag_size, max_idx = torch.ops.aten._embedding_bag(w, idx, off, False, 0, False, None, False)
+        ref = torch.ops.aten._embedding_bag(torch.zeros(100, 32), idx.cpu(), off.cpu(), False, 0, False, None, False)
+        print(list(out.shape), offset2bag.tolist() == ref[1].tolist(), bag_size.tolist() == ref[2].tolist(),
+              max_idx.tolist() == ref[3].tolist())
+        same = []
+        for mode in (0, 1):  # sum, mean; with and without a padding row
+            for padding in (-1, 7):
+                got = torch.ops.aten._embedding_bag(w, idx, off, False, mode, False, None, False, padding)
+                want = torch.ops.aten._embedding_bag(torch.zeros(100, 32), idx.cpu(), off.cpu(), False, mode, False,
+                                                     None, False, padding)
+                same.append(all(g.tolist() == r.tolist() for g, r in zip(got[1:], want[1:])))
+        print(same)
+        messages = []
+        for weight, indices in ((w, idx + 95), (torch.zeros(100, 32), idx.cpu() + 95)):
+            try:
+                torch.ops.aten._embedding_bag(weight, indices, off.to(indices.device), False, 0, False, None, False)
+            except RuntimeError as e:
+                messages.append(str(e).split(chr(10))[0])
+        print("out of range:", len(messages) == 2 and messages[0] == messages[1])
+        print(zion_emu._C.device.is_storage_less(out), zion_emu._C.device.is_storage_less(bag_size))
+        out.sum().backward()
+        g = w.grad
+        print(list(g.shape), zion_emu._C.device.is_storage_less(g))
+    """, "timing")
+    lines = done.stdout.split("\n")
+    assert lines[0] == "[4, 32] True True True"
+    assert lines[1] == "[True, True, True, True]"
+    assert lines[2] == "out of range: True"
+    assert lines[3] == "True False"
+    assert lines[4] == "[100, 32] True"
+
+
+def test_sparse_gradients_have_real_indices_and_storage_less_values():
+    done = _run("""
+        import torch, zion_emu
+        bag = torch.nn.EmbeddingBag(1000, 8, mode="sum", sparse=True, device="zion")
+        bag(torch.tensor([5, 9, 5], device="zion"), torch.tensor([0, 1], device="zion")).sum().backward()
+        g = bag.weight.grad.coalesce()
+        print(g.is_sparse, g._indices().tolist(), zion_emu._C.device.is_storage_less(g._values()))
+    """, "timing")
+    assert done.stdout.split("\n")[0] == "True [[5, 9]] True"
+
+
+def test_nonzero_and_unique_of_real_integers_are_real():
+    done = _run("""
+        import torch, zion_emu
+        x = torch.tensor([0, 3, 0, 5, 3], device="zion")
+        print(torch.nonzero(x).flatten().tolist(), torch.unique(x).tolist(), x[x > 0].tolist())
+    """, "timing")
+    assert done.stdout.split("\n")[0] == "[1, 3, 4] [0, 3, 5] [3, 5, 3]"
+
+
+def test_nonzero_of_a_storage_less_value_is_a_clear_error_naming_the_op():
+    done = _run("""
+        import torch, zion_emu
+        x = torch.randn(8, device="zion")
+        torch.nonzero(x > 0)
+    """, "timing", check=False)
+    assert done.returncode != 0
+    assert "aten::nonzero needs the values of a storage-less tensor" in done.stderr
+
+
+def test_a_storage_less_value_used_as_an_index_is_a_clear_error_naming_the_op():
+    done = _run("""
+        import torch, zion_emu
+        scores = torch.randn(10, device="zion")
+        rows = torch.arange(100, device="zion")
+        rows[scores.long()]
+    """, "timing", check=False)
+    assert done.returncode != 0
+    assert "aten::index.Tensor uses a storage-less Long tensor as its 'indices'" in done.stderr
+
+
+def test_reading_a_float_gives_a_placeholder_warned_once_per_call_site_and_counted():
+    done = _run("""
+        import warnings, json, torch, zion_emu
+        warnings.simplefilter("always")
+        loss = torch.randn(4, device="zion").mean()
+        values = []
+        for _ in range(3):
+            values.append(loss.item())                  # one call site, read 3 times
+        values.append(float(torch.isnan(loss).any()))  # a NaN check: a bool placeholder
+        values.append(loss.cpu().tolist())
+        print(json.dumps({"values": values, "reads": zion_emu.placeholder_reads()}))
+    """, "timing")
+    result = _last_json(done.stdout)
+    assert result["values"] == [0.0, 0.0, 0.0, 0.0, 0.0]
+    reads = {(r["site"].rsplit(":", 1)[1], r["what"]): r["count"] for r in result["reads"]}
+    assert reads == {("7", "item()"): 3, ("8", "item()"): 1, ("9", "a copy to host memory (.cpu(), .tolist(), printing)"): 1}
+    assert done.stderr.count("zion timing-only: item() read the value of a storage-less") == 2
+
+
+def test_initializing_and_loading_storage_less_parameters_is_charged_not_computed():
+    done = _run("""
+        import io, json, torch, zion_emu
+        lin = torch.nn.Linear(256, 128, device="zion")   # reset_parameters: kaiming_uniform_, uniform_
+        before = zion_emu.clock()
+        buf = io.BytesIO(); torch.save(torch.nn.Linear(256, 128).state_dict(), buf); buf.seek(0)
+        lin.load_state_dict(torch.load(buf))
+        torch.nn.init.normal_(lin.weight)
+        torch.zion.synchronize()
+        print(json.dumps({"storage_less": zion_emu._C.device.is_storage_less(lin.weight),
+                          "charged": zion_emu.clock() > before, "reads": zion_emu.placeholder_reads()}))
+    """, "timing")
+    result = _last_json(done.stdout)
+    assert result == {"storage_less": True, "charged": True, "reads": []}
+
+
+def test_real_mode_refuses_what_the_host_cannot_back_naming_the_pool_and_timing_only():
+    # A modeled pool larger than this host's memory, and a request between the two.
+    done = run_python("""
+        import torch, zion_emu
+        available = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]) * 1024
+        request = available + (2 << 30)
+        zion_emu.set_platform(zion_emu.load_platform("zion", overrides={"oam.hbm_bytes": 4 * request}))
+        keep = torch.ones(4, device="zion")
+        try:
+            torch.empty(request // 4, device="zion")
+        except RuntimeError as e:
+            print("refused:", e)
+        print("kept:", keep.sum().item(), torch.zion.memory_allocated(0))
+    """, env=child_env(ZION_MODE=None))
+    out = done.stdout
+    assert "refused: zion: zion:0 cannot back an allocation of" in out
+    assert "the modeled HBM pool has room" in out and "this host has" in out and "--timing-only" in out
+    assert "kept: 4.0 16" in out
+
+
+def test_timing_only_mode_allocates_what_the_host_could_not_back():
+    done = _run("""
+        import torch, zion_emu
+        available = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]) * 1024
+        request = available + (2 << 30)
+        zion_emu.set_platform(zion_emu.load_platform("zion", overrides={"oam.hbm_bytes": 4 * request}))
+        t = torch.empty(request // 4, device="zion")
+        t.uniform_()
+        print("allocated:", torch.zion.memory_allocated(0) == (request // 4) * 4)
+    """, "timing")
+    assert "allocated: True" in done.stdout
+
+
+def test_the_run_report_lists_the_mode_and_every_placeholder_read(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, zion_emu
+        lin = torch.nn.Linear(8, 1, device="zion")
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        for step in range(3):
+            loss = lin(torch.randn(4, 8, device="zion")).pow(2).mean()
+            loss.backward(); opt.step(); opt.zero_grad()
+            print("loss", loss.item())
+    """))
+    report = tmp_path / "report.json"
+    done = zion_emu_cli("run", "--report", str(report), str(script), env=child_env(ZION_MODE="timing"))
+    assert done.stdout.count("loss 0.0") == 3
+    assert "timing-only mode: floating-point zion tensors had no host bytes" in done.stdout
+    assert f"{script}:8  item()  Float  x3" in done.stdout
+    data = json.loads(report.read_text())
+    assert data["mode"] == "timing"
+    assert data["placeholders"] == [{"site": f"{script}:8", "what": "item()", "dtype": "Float", "count": 3,
+                                     "ranks": [0]}]
+
+
+@pytest.mark.parametrize("mode", ["real", "timing"])
+def test_a_socket_refuses_what_the_host_cannot_back_in_either_mode(mode):
+    # CPU tensors in a socket's DDR keep their bytes in timing-only mode too.
+    done = run_python("""
+        import torch, zion_emu
+        available = int([l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemAvailable:")][0]) * 1024
+        request = available + (2 << 30)
+        zion_emu.set_platform(zion_emu.load_platform("zion", overrides={"socket.ddr_bytes": 4 * request}))
+        with zion_emu.socket(1):
+            keep = torch.ones(4)
+            try:
+                torch.empty(request // 4)
+            except RuntimeError as e:
+                print("refused:", e)
+        print("kept:", keep.sum().item(), zion_emu.sockets.memory(1).in_use)
+    """, env=child_env(ZION_MODE=mode))
+    out = done.stdout
+    assert "refused: zion: socket 1 cannot back an allocation of" in out
+    assert "the modeled DDR pool has room" in out and "keep their bytes in timing-only mode too" in out
+    assert "kept: 4.0 16" in out
