@@ -36,7 +36,7 @@ TIMEOUT_S = 120
 # What a launcher gives its ranks: none of it may leak from the test process
 # (a test that plays a rank sets some) into a child that is not one.
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ZION_RUN_DIR", "ZION_LAUNCHER_PID")
+                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ZION_RUN_DIR", "ZION_LAUNCHER_PID", "ZION_PRESENT_RANKS")
 
 
 def child_env(**overrides: str | None) -> dict[str, str]:

@@ -3,6 +3,7 @@ Zion paper's fully-connected vs ring comparison."""
 
 import pytest
 
+import zion_emu
 from zion_emu import sim
 
 GB = 1e9
@@ -209,3 +210,13 @@ def test_auto_over_1024_ranks_picks_the_fastest_of_the_algorithms_forced_one_by_
         # direct (a million transfers) is estimated step by step, from its lines at any size
         planned = sim.collective(zionex_1024, "all_gather", S, n, algo="direct", force_simulation=True)
         assert forced["direct"] == pytest.approx(planned.time, rel=1e-12)
+
+
+def test_auto_prices_an_all_to_all_over_128_ranks_whose_plans_are_too_large_to_simulate_cheaply():
+    # 128 x 127 transfers exceed auto's simulation limit for every algorithm;
+    # auto then times them as if each were forced, and picks the fastest.
+    p = zion_emu.load_platform("zionex")
+    auto = sim.collective(p, "all_to_all", 128 << 20, 128)
+    best = min((sim.collective(p, "all_to_all", 128 << 20, 128, algo=a) for a in ("direct", "ring")),
+               key=lambda r: r.time)
+    assert (auto.algorithm, auto.time) == (best.algorithm, best.time)

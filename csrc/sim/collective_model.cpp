@@ -215,18 +215,24 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
     std::string reasons;
     result.time = std::numeric_limits<double>::infinity();
     size_t chosen = candidates.size();
-    for (const auto& [estimate, i] : order) {
-      Algorithm a = candidates[i];
-      std::string why;
-      Timed t = in.time_algorithm(a, wanted != Algorithm::kAuto, &why, result.time);
-      if (!why.empty()) reasons += (reasons.empty() ? "" : "; ") + why;
-      if (t.time < result.time || (t.time == result.time && i < chosen)) {
-        chosen = i;
-        result.time = t.time;
-        result.algorithm = a;
-        result.closed_form = t.closed_form;
-        result.transfers = t.transfers;
+    // `auto` first skips plans too large to simulate cheaply
+    // (kAutoSimulationLimit); when that leaves nothing (an all-to-all over a
+    // hundred ranks and more), every candidate is timed as if forced.
+    for (bool forced : {wanted != Algorithm::kAuto, true}) {
+      for (const auto& [estimate, i] : order) {
+        Algorithm a = candidates[i];
+        std::string why;
+        Timed t = in.time_algorithm(a, forced, &why, result.time);
+        if (!why.empty() && reasons.find(why) == std::string::npos) reasons += (reasons.empty() ? "" : "; ") + why;
+        if (t.time < result.time || (t.time == result.time && i < chosen)) {
+          chosen = i;
+          result.time = t.time;
+          result.algorithm = a;
+          result.closed_form = t.closed_form;
+          result.transfers = t.transfers;
+        }
       }
+      if (std::isfinite(result.time) || forced) break;
     }
     if (!std::isfinite(result.time)) {
       throw std::invalid_argument(std::string(collective_op_name(request.op)) + " over " + std::to_string(n) +
