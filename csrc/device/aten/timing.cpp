@@ -6,7 +6,9 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/library.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -89,7 +91,15 @@ struct MetaCall {
   }
 
   c10::IValue convert(c10::IValue&& v) {
-    if (v.isTensor()) return to_meta(v.toTensor());
+    if (v.isTensor()) {
+      // As the fallback prices a non-ATen op's undefined argument: an empty
+      // tensor, so its formula finds the others where the schema puts them.
+      if (!v.toTensor().defined() && op.schema().name().rfind("aten::", 0) != 0) {
+        static const at::Tensor empty = at::empty({0});
+        inputs.push_back(empty);
+      }
+      return to_meta(v.toTensor());
+    }
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       for (const at::Tensor& t : v.toTensorList()) out.push_back(to_meta(t));
@@ -338,6 +348,59 @@ bool count_placeholder(const std::string& site, const char* what, const at::Tens
   return true;
 }
 
+// fbgemm's table-batched embedding (TBE) wrappers have CPU and CUDA kernels
+// and no Meta kernel; torchrec's sharded tables call them. The shape rules
+// of their CPU kernels, for timing-only mode: the pooled forward returns
+// [B, total_D] in output_dtype (B = offsets / tables), and a backward with
+// the optimizer fused returns nothing (it updates the weights in place).
+// Arguments as in the ops' schemas.
+void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto arg = [&](const char* name) -> const c10::IValue& {
+    return (*stack)[stack->size() - n + *schema.argumentIndexWithName(name)];
+  };
+  const int64_t tables = arg("D_offsets").toTensor().numel() - 1;
+  const int64_t batch = tables > 0 ? (arg("offsets").toTensor().numel() - 1) / tables : 0;
+  const int64_t total_d = arg("total_D").toInt();
+  // fbgemm's SparseType: FP32 0, FP16 1, BF16 5.
+  const int64_t code = arg("output_dtype").toInt();
+  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
+              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
+  at::Tensor out = at::empty({batch, total_d}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(out));
+}
+
+void tbe_fused_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+  stack->emplace_back(at::Tensor());
+}
+
+TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
+  // The registrations keep the names' pointers: they live as long as the library.
+  static const std::vector<std::pair<std::string, bool>> ops = [] {
+    std::vector<std::pair<std::string, bool>> out;  // name, is_forward
+    for (const char* weighting : {"unweighted", "weighted"}) {
+      out.emplace_back(std::string("split_embedding_codegen_forward_") + weighting + "_pt2_wrapper", true);
+      for (const char* optimizer : {"sgd", "adagrad", "rowwise_adagrad", "adam", "lamb", "partial_rowwise_adam",
+                                    "partial_rowwise_lamb", "lars_sgd"}) {
+        out.emplace_back(std::string("split_embedding_backward_codegen_") + optimizer + "_" + weighting + "_pt2_wrapper",
+                         false);
+      }
+    }
+    return out;
+  }();
+  for (const auto& [name, forward] : ops) {
+    if (forward) {
+      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
+    } else {
+      m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tbe_fused_backward_meta>());
+    }
+  }
+}
+
 }  // namespace
 
 bool is_storage_less(const at::Tensor& t) {
@@ -456,7 +519,7 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_returns = schema.returns().size();
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
     *it = call.convert_result(std::move(*it));
-    if (it->isTensor()) outputs.push_back(it->toTensor());
+    if (it->isTensor() && it->toTensor().defined()) outputs.push_back(it->toTensor());
   }
   charge_op(op, call.device, call.inputs, outputs);
 }
