@@ -72,3 +72,22 @@ def test_timing_only_accounts_the_same_peak_hbm(reports, config, nproc):
     real, timing = reports(config, nproc)
     assert len(_peaks(real)) == nproc
     assert _peaks(timing) == _peaks(real)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.timeout(2 * TIMEOUT_S)
+def test_torchrec_distributed_model_parallel_runs_in_timing_only_mode_at_real_modes_time(tmp_path):
+    # torchrec's planner and sharding unchanged: table-wise, row-wise,
+    # column-wise and data-parallel tables, fbgemm's fused optimizer.
+    script = REPO / "examples" / "torchrec_dlrm.py"
+    out = {}
+    for flag in ("", "--timing-only"):
+        path = tmp_path / f"report{flag}.json"
+        zion_emu_cli("run", *([flag] if flag else []), "--nproc", "2", "--quiet-report", "--report", str(path),
+                     str(script), "--device", "zion", "--iters", "3", timeout_s=TIMEOUT_S,
+                     env=child_env(OMP_NUM_THREADS="1"))
+        out[flag] = json.loads(path.read_text())
+    real, timing = out[""], out["--timing-only"]
+    assert (real["mode"], timing["mode"]) == ("real", "timing")
+    assert timing["iteration_s"] == pytest.approx(real["iteration_s"], rel=1e-3)

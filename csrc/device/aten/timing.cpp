@@ -360,6 +360,10 @@ void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto arg = [&](const char* name) -> const c10::IValue& {
     return (*stack)[stack->size() - n + *schema.argumentIndexWithName(name)];
   };
+  if (auto b = schema.argumentIndexWithName("B_offsets")) {
+    TORCH_CHECK((*stack)[stack->size() - n + *b].isNone(), "zion timing-only: ", schema.operator_name(),
+                " with variable batch sizes per feature (B_offsets) has no shape rule");
+  }
   const int64_t tables = arg("D_offsets").toTensor().numel() - 1;
   const int64_t batch = tables > 0 ? (arg("offsets").toTensor().numel() - 1) / tables : 0;
   const int64_t total_d = arg("total_D").toInt();
@@ -371,6 +375,16 @@ void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::Tensor out = at::empty({batch, total_d}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(out));
+}
+
+// The dense (data-parallel) table's backward returns the gradient of all its weights.
+void tbe_dense_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  const at::Tensor& weights = (*stack)[stack->size() - n + *schema.argumentIndexWithName("host_weights")].toTensor();
+  at::Tensor grad = at::empty(weights.sizes(), weights.options().device(c10::kMeta));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(grad));
 }
 
 void tbe_fused_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -392,6 +406,9 @@ TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
     }
     return out;
   }();
+  m.impl("dense_embedding_codegen_lookup_function", torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
+  m.impl("split_embedding_backward_codegen_dense_cpu",
+         torch::CppFunction::makeFromBoxedFunction<&tbe_dense_backward_meta>());
   for (const auto& [name, forward] : ops) {
     if (forward) {
       m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
