@@ -4,6 +4,8 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "device/runtime/memory_history.h"
@@ -106,10 +109,16 @@ void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes)
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
+  // A large block is checked against the host and faulted in under one
+  // host-wide lock, so the next process's check sees it (see HostMemoryLock).
+  std::optional<HostMemoryLock> host_lock;
+  if (nbytes >= kHostCheckBytes) host_lock.emplace();
   check_host_backing(device, nbytes);
   reserve_or_record_oom(device, nbytes);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  if (host_lock) touch_pages(data, nbytes);
+  host_lock.reset();
   memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
 }
@@ -164,6 +173,30 @@ int64_t resident_bytes() {
 }
 
 }  // namespace
+
+HostMemoryLock::HostMemoryLock() {
+  // One file per host (and user): every zion process of a run takes it.
+  const std::string path = "/dev/shm/zion-emu-host-memory-" + std::to_string(getuid()) + ".lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+HostMemoryLock::~HostMemoryLock() {
+  if (fd_ < 0) return;
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
+}
+
+void touch_pages(void* data, size_t nbytes) {
+  if (!data) return;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto* bytes = static_cast<volatile char*>(data);
+  for (size_t i = 0; i < nbytes; i += page) bytes[i] = 0;
+  if (nbytes) bytes[nbytes - 1] = 0;
+}
 
 int64_t host_bytes_available() {
   const int64_t available = meminfo_bytes("MemAvailable");

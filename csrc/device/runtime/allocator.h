@@ -73,6 +73,24 @@ class HbmAllocator final : public c10::DeviceAllocator {
 
 HbmAllocator& allocator();
 
+// Large host-backed allocations of every zion process on this host are
+// checked and faulted in one at a time, under this lock (an flock on a file
+// in /dev/shm): each check then sees the others' pages in MemAvailable, so
+// ranks that build their tables at once cannot all pass the check and then
+// overrun the host together. Without the file, no lock (and no wait).
+class HostMemoryLock {
+ public:
+  HostMemoryLock();
+  ~HostMemoryLock();
+  HostMemoryLock(const HostMemoryLock&) = delete;
+  HostMemoryLock& operator=(const HostMemoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+// Writes one byte of every page, so the host backs them now.
+void touch_pages(void* data, size_t nbytes);
+
 // What this process can still take from the host: /proc/meminfo's
 // MemAvailable less the bytes its HBM and socket pools hold untouched (not
 // yet resident); -1 where /proc says nothing.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "device/runtime/runtime.h"
 
@@ -70,6 +71,9 @@ c10::DataPtr PinnedAllocator::allocate(size_t nbytes) { return allocate_on(curre
 c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned) {
   // Large requests, and every kHostCheckBytes of smaller ones, are checked against the host first.
   const size_t unchecked = unchecked_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  // A large block is checked and faulted in under the host-wide lock (allocator.h).
+  std::optional<HostMemoryLock> host_lock;
+  if (nbytes >= kHostCheckBytes) host_lock.emplace();
   if (nbytes >= kHostCheckBytes || unchecked >= kHostCheckBytes) check_host_backing(socket, nbytes);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -88,6 +92,10 @@ c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned
   // Zero bytes still get an address of their own, so every buffer has an
   // entry and its release is found.
   void* data = c10::alloc_cpu(std::max<size_t>(nbytes, 1));
+  if (host_lock) {
+    touch_pages(data, nbytes);
+    host_lock.reset();
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     live_[static_cast<const char*>(data)] = Live{socket, nbytes, std::max<size_t>(nbytes, 1), pinned};
