@@ -298,6 +298,13 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
         merged.cuda_compat_remapped = remapped
     if world is not None:
         merged.world = rep.world_summary(world.size, world.ranks)
+        declared = {s.rank: s.samples_per_iteration for s in snaps}
+        if args.samples_per_iteration is None and declared and all(declared.values()) and merged.world.modeled_ranks:
+            # A modeled rank processes what its counterpart declared.
+            merged.samples_per_iteration = sum(declared[c] for c in merged.world.counterparts if c in declared)
+            merged.samples_per_s = (merged.samples_per_iteration / merged.iteration_s
+                                    if merged.iteration_s else None)
+            merged.world.assumptions.append("samples per iteration: each modeled rank's are its counterpart's")
     if not args.quiet_report:
         print(format_text(merged), flush=True)
     failed = []
