@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import time
 from typing import Any
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_plan(args: argparse.Namespace, ebc: Any, sharder: Any, model: Any, world: int, device_type: str) -> Any:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks per node, as torchrun gives them
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, data_parallel,
@@ -55,19 +57,21 @@ def build_plan(args: argparse.Namespace, ebc: Any, sharder: Any, model: Any, wor
                  ShardingType.TABLE_WISE, "t2": ShardingType.COLUMN_WISE, "t3": ShardingType.DATA_PARALLEL}
         constraints = {name: ParameterConstraints(sharding_types=[kind.value]) for name, kind in kinds.items()}
         # Topology takes the machine's HBM, DDR and bandwidths; on zion from the platform.
-        planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device_type),
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, local_world_size=local,
+                                                             compute_device=device_type),
                                            constraints=constraints)
         return planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
     per_table = {"t0": table_wise(rank=0, compute_kernel="fused"),
                  "t1": row_wise(compute_kernel="fused") if args.sharding == "row_wise" else
                  table_wise(rank=1 % world, compute_kernel="fused"),
-                 "t2": column_wise(ranks=list(range(world)), compute_kernel="fused"),
+                 # Column shards must divide the dimension: over all ranks where they do.
+                 "t2": column_wise(ranks=list(range(math.gcd(args.dim, world))), compute_kernel="fused"),
                  "t3": data_parallel()}
     for t in range(4, args.tables):
         per_table[f"t{t}"] = table_wise(rank=t % world, compute_kernel="fused")
     module_plan = construct_module_sharding_plan(ebc, {k: v for k, v in per_table.items()
                                                        if int(k[1:]) < args.tables},
-                                                 sharder=sharder, local_size=world, world_size=world,
+                                                 sharder=sharder, local_size=local, world_size=world,
                                                  device_type=device_type)
     return ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan})
 
