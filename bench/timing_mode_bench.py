@@ -13,7 +13,8 @@ loop after its first iteration (warm-up: Meta kernels' first calls):
   (the bench says so, or prints MISMATCH).
 
 Both modes see the same batches and the same weights' shapes; only real mode
-computes values.
+computes values. A second table gives the wall time of one call of single ops
+in each mode.
 """
 
 from __future__ import annotations
@@ -52,6 +53,37 @@ print(json.dumps({
 """
 
 
+# One process: the wall time per call of single ops on zion:0.
+_OPS_CHILD = r"""
+import json, time, torch, zion_emu
+x = torch.empty(64, 128, device="zion").uniform_(); w = torch.empty(128, 128, device="zion").uniform_()
+table = torch.empty(1000, 128, device="zion").uniform_()
+idx = torch.randint(0, 1000, (256,)).to("zion"); off = (torch.arange(64) * 4).to("zion")
+ops = {"x + 1": lambda: x + 1, "mm 64x128x128": lambda: torch.mm(x, w), "relu": lambda: torch.relu(x),
+       "cat": lambda: torch.cat([x, x], 1),
+       "embedding_bag 256 lookups": lambda: torch.nn.functional.embedding_bag(idx, table, off, mode="sum")}
+out = {}
+for name, fn in ops.items():
+    for _ in range(200):
+        fn()
+    n = 3000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    out[name] = (time.perf_counter() - t0) / n * 1e6
+print(json.dumps(out))
+"""
+
+
+def op_costs(mode: str) -> dict:
+    env = dict(os.environ, ZION_MODE=mode, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _OPS_CHILD], capture_output=True, text=True, env=env,
+                          timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"op costs in {mode} mode failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
     argv = ["--config", config, "--device", "zion", "--num-batches", str(num_batches), "--print-freq", "1", *extra]
     env = dict(os.environ, ZION_MODE=mode, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -82,6 +114,12 @@ def main() -> int:
         print(f"| {config} | timing / real | {timing['ops_per_s'] / real['ops_per_s']:.2f}x | | "
               f"{timing['wall_ms_per_step'] / real['wall_ms_per_step']:.2f}x | "
               f"{timing['rss_mib'] / real['rss_mib']:.2f}x | {'equal' if same else 'MISMATCH'} | |")
+    print()
+    print("| op (one call, from Python) | real us | timing-only us | timing / real |")
+    print("|---|---:|---:|---:|")
+    real, timing = op_costs("real"), op_costs("timing")
+    for name in real:
+        print(f"| {name} | {real[name]:.1f} | {timing[name]:.1f} | {timing[name] / real[name]:.2f}x |")
     return 0
 
 
