@@ -11,11 +11,13 @@
     same weights and see the same batches, so their losses must agree bit
     for bit; the bench checks that too. Batches are generated before timing;
     a step includes the copy to the device and ends with ``loss.item()``.
-    Target: zion / cpu <= 1.10. Backward on zion runs on the autograd
-    engine's device thread (as on CUDA); each backward hands work to it and
-    back, which on a loaded machine can cost milliseconds of scheduling
-    delay. ``--no-autograd-threads`` runs backward on the calling thread
-    instead, to separate that cost from the emulator's per-op cost.
+    Target: zion / cpu <= 1.10. Backward on zion runs on the calling
+    thread, as on the CPU. With ``ZION_AUTOGRAD_DEVICE_THREADS=1`` it runs
+    on the autograd engine's device thread instead (as on CUDA): each
+    backward hands work to it and back, which on a loaded machine can cost
+    milliseconds of scheduling delay. ``--no-autograd-threads`` turns the
+    engine's threads off for the whole run
+    (``torch.autograd.set_multithreading_enabled(False)``).
 (b) Modeled training speed: ``torchrun --nproc-per-node --nproc`` of the
     example with ``--platform P`` for each preset, one subprocess each;
     prints a markdown table of the modeled ms/iteration and samples/s.
@@ -38,6 +40,13 @@ EXAMPLE = REPO / "examples" / "dlrm"
 sys.path.insert(0, str(EXAMPLE))
 
 import dlrm  # noqa: E402
+
+
+def backward_thread() -> str:
+    from zion_emu import _backward
+
+    on_device_thread = _backward.device_threads_requested() and torch.autograd.is_multithreading_enabled()
+    return "autograd's zion device thread" if on_device_thread else "the calling thread"
 
 
 def overhead(config: str, repeat: int, steps: int) -> None:
@@ -65,7 +74,7 @@ def overhead(config: str, repeat: int, steps: int) -> None:
     print(f"## (a) emulator overhead: one {config} step (tables {a.arch_embedding_size}, dim "
           f"{a.arch_sparse_feature_size}, bot {a.arch_mlp_bot}, top {a.arch_mlp_top}, batch {a.mini_batch_size}, "
           f"{a.num_indices_per_lookup} lookups, SGD), 1 thread, {repeat} x {steps} steps each, alternating, "
-          f"autograd device threads {'off' if not torch.autograd.is_multithreading_enabled() else 'on'}\n")
+          f"zion backward on {backward_thread()}\n")
     print("| device | median ms/step | min ms/step | median of paired ratios | target |")
     print("|---|---:|---:|---:|---|")
     print(f"| cpu eager | {cpu_ms:.2f} | {min(per_step['cpu']) * 1e3:.2f} | 1.000 | |")
@@ -112,8 +121,8 @@ def main() -> None:
     parser.add_argument("--platforms", default="zion,zionex,hgx-h100", help="(b) comma-separated presets")
     parser.add_argument("--only", choices=("overhead", "modeled"), help="run one part")
     parser.add_argument("--no-autograd-threads", action="store_true",
-                        help="(a) run backward on the calling thread (torch.autograd.set_multithreading_enabled("
-                             "False)) instead of the autograd engine's zion device thread")
+                        help="(a) torch.autograd.set_multithreading_enabled(False) for the run: backward on the "
+                             "calling thread even with ZION_AUTOGRAD_DEVICE_THREADS=1")
     args = parser.parse_args()
     if args.no_autograd_threads:
         torch.autograd.set_multithreading_enabled(False)

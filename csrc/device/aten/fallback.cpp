@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <iterator>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -282,7 +283,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   // The pricing takes std::vectors: per-thread ones, reused, so steady state allocates nothing.
   thread_local std::vector<at::Tensor> inputs, outputs;
-  inputs.assign(call.inputs.begin(), call.inputs.end());
+  inputs.assign(std::make_move_iterator(call.inputs.begin()), std::make_move_iterator(call.inputs.end()));
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
     if (it->isTensor()) outputs.push_back(it->toTensor());
   }

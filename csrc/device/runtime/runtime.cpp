@@ -20,8 +20,13 @@
 namespace zion::device {
 namespace {
 
-std::mutex g_mutex;
+std::mutex g_mutex;  // taken to make or replace the runtime
 std::unique_ptr<Runtime> g_runtime;
+// Read without the lock on every op (pricing, streams, device checks).
+std::atomic<Runtime*> g_runtime_ptr{nullptr};
+// Runtimes that set_platform replaced: another thread may still hold a
+// reference taken before the swap, so they stay alive (one per call).
+std::vector<std::unique_ptr<Runtime>> g_retired;
 thread_local c10::DeviceIndex t_current_device = 0;
 
 std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
@@ -96,6 +101,7 @@ sim::DType model_dtype(c10::ScalarType t) {
 }
 
 Runtime& runtime() {
+  if (Runtime* rt = g_runtime_ptr.load(std::memory_order_acquire)) return *rt;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {
     const char* name = std::getenv("ZION_PLATFORM");
@@ -103,24 +109,24 @@ Runtime& runtime() {
     allocator().configure(g_runtime->platform);
     pinned_allocator().configure(g_runtime->platform);
     install_socket_cpu_allocator();
+    g_runtime_ptr.store(g_runtime.get(), std::memory_order_release);
   }
   return *g_runtime;
 }
 
-bool initialized() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_runtime != nullptr;
-}
+bool initialized() { return g_runtime_ptr.load(std::memory_order_acquire) != nullptr; }
 
 void set_platform(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(g_mutex);
   TORCH_CHECK(allocator().bytes_in_use() == 0,
               "zion: set_platform must come before any zion tensor is made; ", allocator().bytes_in_use(),
               " bytes are allocated on the current platform '", g_runtime ? g_runtime->platform.name : "", "'");
+  if (g_runtime) g_retired.push_back(std::move(g_runtime));
   g_runtime = make_runtime(platform);
   allocator().configure(platform);
   pinned_allocator().configure(platform);
   install_socket_cpu_allocator();  // as runtime() does: socket scopes place CPU tensors in their pools
+  g_runtime_ptr.store(g_runtime.get(), std::memory_order_release);
 }
 
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }
