@@ -400,8 +400,11 @@ def test_profiler_use_cuda_gives_zion_device_events(compat):
         with torch.autograd.profiler.profile(use_cuda=True) as p:
             a @ a
         legacy = {e.key: e.self_device_time_total for e in p.key_averages()}
-        # Both forms give the matmul its modeled device time (test_profiler.py checks its value).
-        assert kineto["aten::mm"] > 0 and kineto["aten::mm"] == legacy["aten::mm"]
+        # Both forms give the matmul its modeled device time (test_profiler.py checks its value), up to
+        # the rounding of the profiler's timestamps (a run's modeled clock is offset to the profile's start).
+        import math
+        assert kineto["aten::mm"] > 0 and math.isclose(kineto["aten::mm"], legacy["aten::mm"], rel_tol=1e-9), \
+            (kineto, legacy)
         assert report.remapped()["profiler(use_cuda) -> zion device events"] >= 1
         assert report.remapped()["profiler(ProfilerActivity.CUDA) -> zion device events"] >= 1
     """)
