@@ -55,24 +55,11 @@ def test_timing_only_models_the_same_time_per_iteration(reports, config, nproc):
     assert timing["iteration_s"] == pytest.approx(real["iteration_s"], rel=1e-3)
 
 
-# On small and paper the peak of a non-root rank falls in DDP's setup: its
-# first parameter broadcast (torch's broadcast_coalesced) frees the last
-# bucket's flat tensor only after the call returns in timing-only mode, so
-# that rank's peak is one bucket (576 bytes on small) above real mode's. On
-# mlperf the peak falls in the step, and both modes agree.
-_DDP_SETUP_PEAK = pytest.mark.xfail(strict=True, reason="a non-root rank's peak in DDP setup is one small broadcast "
-                                                        "bucket above real mode's")
-
-
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.timeout(2 * TIMEOUT_S)
-@pytest.mark.parametrize(("config", "nproc"), [
-    *((config, 1) for config in CONFIGS),
-    pytest.param("small", 2, marks=_DDP_SETUP_PEAK),
-    pytest.param("paper", 2, marks=_DDP_SETUP_PEAK),
-    ("mlperf", 2),
-])
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("config", CONFIGS)
 def test_timing_only_accounts_the_same_peak_hbm(reports, config, nproc):
     real, timing = reports(config, nproc)
     assert len(_peaks(real)) == nproc
@@ -82,7 +69,7 @@ def test_timing_only_accounts_the_same_peak_hbm(reports, config, nproc):
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.timeout(2 * TIMEOUT_S)
-def test_torchrec_distributed_model_parallel_runs_in_timing_only_mode_at_real_modes_time(tmp_path):
+def test_torchrec_distributed_model_parallel_runs_in_timing_only_mode_at_real_modes_time_and_peak(tmp_path):
     # torchrec's planner and sharding unchanged: table-wise, row-wise,
     # column-wise and data-parallel tables, fbgemm's fused optimizer.
     script = REPO / "examples" / "torchrec_dlrm.py"
@@ -96,3 +83,4 @@ def test_torchrec_distributed_model_parallel_runs_in_timing_only_mode_at_real_mo
     real, timing = out[""], out["--timing-only"]
     assert (real["mode"], timing["mode"]) == ("real", "timing")
     assert timing["iteration_s"] == pytest.approx(real["iteration_s"], rel=1e-3)
+    assert _peaks(timing) == _peaks(real)

@@ -153,7 +153,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   std::vector<at::Tensor> data;
   c10::intrusive_ptr<c10d::Work> gloo_work;
   if (!no_bytes) {
-    data.push_back(gloo_view(t));
+    data.push_back(gloo_owning_view(t));
     WithoutPythonObjectsInTls gloo_call;
     gloo_work = gloo_->send(data, ranks_.gloo_rank[dst], tag);
   }
@@ -190,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
   const std::string theirs_key = key(src, getRank(), seq, "send");
   // Without bytes of its own, a receive from a real sender lands in scratch.
-  std::vector<at::Tensor> data{no_bytes ? at::empty({static_cast<int64_t>(end.bytes)}, at::kByte) : gloo_view(t)};
+  std::vector<at::Tensor> data{no_bytes ? at::empty({static_cast<int64_t>(end.bytes)}, at::kByte) : gloo_owning_view(t)};
   // Reads the sender's side (waiting for its send), checks it and posts the
   // receive to gloo.
   const int gloo_src = ranks_.gloo_rank[src];

@@ -14,9 +14,22 @@
 
 namespace zion::dist {
 
-// The CPU tensor gloo reads and writes for `t`: a zero-copy alias of a zion
-// tensor, or the CPU tensor itself.
-inline at::Tensor gloo_view(const at::Tensor& t) { return t.device().is_cpu() ? t : device::cpu_alias(t); }
+// The CPU tensor gloo reads and writes for `t` in a collective that waits
+// for gloo before it returns: the CPU tensor itself, or a zero-copy view of a
+// zion tensor's bytes that does not own them. gloo's worker thread lets go of
+// a finished work's tensors a moment after wait() returns; a view that owned
+// the zion storage would keep its HBM accounted until then, and peaks would
+// depend on thread timing. The caller holds the zion tensors throughout.
+inline at::Tensor gloo_view(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  at::Tensor owning = device::cpu_alias(t);  // checks the tensor has bytes
+  if (owning.numel() == 0) return owning;
+  return at::from_blob(owning.data_ptr(), owning.sizes(), owning.strides(), owning.options());
+}
+
+// The view for gloo work still in flight when the call returns (send and
+// recv): it owns the zion storage, so the bytes outlive the caller's tensor.
+inline at::Tensor gloo_owning_view(const at::Tensor& t) { return t.device().is_cpu() ? t : device::cpu_alias(t); }
 
 inline std::vector<at::Tensor> gloo_views(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
