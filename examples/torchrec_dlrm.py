@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=100)
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--pooling", type=int, default=2, help="most lookups per sample and feature")
+    p.add_argument("--batches", choices=["per-rank", "shared"], default="per-rank",
+                   help="per-rank: each rank draws its own batches; shared: every rank draws the same ones")
     return p.parse_args(argv)
 
 
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
         dist.all_to_all_single = recorded
 
-    g = torch.Generator().manual_seed(rank)
+    g = torch.Generator().manual_seed(rank if args.batches == "per-rank" else 0)
     recording = False
     modeled_s = wall_s = 0.0
     for it in range(args.iters):

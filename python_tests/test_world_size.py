@@ -4,10 +4,10 @@
 The script sees a world of N ranks; only the listed ranks run, and the
 ``zion`` backend prices every collective for all N. A world of 16 on zionex
 (8 OAMs per node) with ranks 0 and 8 running must give the modeled times of
-the same script run by 16 processes, when the script is symmetric: every rank
-sends peer (rank + k) mod 16 the same rows whatever its rank, so an absent
-rank's sizes, taken from its counterpart (the nearest running rank before it),
-are its real ones.
+the same script run by 16 processes when, as in a model-parallel exchange,
+what a rank sends each peer is decided by the peer: an absent rank's sizes and
+pieces, taken from its counterpart (the nearest running rank before it), are
+then its real ones.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from zion_emu.report import WORLD_ASSUMPTIONS, RunReport, world_summary
 from zion_emu.report_text import rank_ranges
 
 # Three steps of all_reduce, an exchange of lengths (int64, one per peer),
-# all_to_all_single with uneven splits (rank r sends 1 + (j - r) % n % 3 rows
+# all_to_all_single with uneven splits (every rank sends rank j 1 + j % 3 rows
 # of 4 floats to rank j), all_gather and barrier; then rooted and reducing
 # collectives of integers (rank 5 is a root) and all_gather_object. The
 # all-to-alls (and gather and scatter, priced as all-to-alls) run in a group
@@ -48,7 +48,7 @@ records = {}
 for step in range(3):
     dist.all_reduce(torch.ones(1 << 16, device=dev))
     records["all_reduce"] = zd.last_collective()
-    send = [1 + (j - rank) % n % 3 for j in range(n)]
+    send = [1 + j % 3 for j in range(n)]
     lens = torch.empty(n, dtype=torch.int64, device=dev)
     dist.all_to_all_single(lens, torch.tensor(send, device=dev), group=direct)
     recv = lens.tolist()
@@ -116,13 +116,13 @@ def _run(tmp_path: Path, name: str, *args: str, timeout_s: float = 180) -> tuple
 
 
 def _lengths(rank: int, n: int) -> list[int]:
-    """Rows rank `rank` receives from each rank i: 1 + (rank - i) % n % 3."""
-    return [1 + (rank - i) % n % 3 for i in range(n)]
+    """Rows rank `rank` receives from each rank: 1 + rank % 3."""
+    return [1 + rank % 3] * n
 
 
 def _all_to_all_bytes(n: int) -> list[list[float]]:
-    """Bytes rank i sends rank j: 1 + (j - i) % n % 3 rows of 4 fp32."""
-    return [[(1 + (j - i) % n % 3) * 4 * 4.0 for j in range(n)] for i in range(n)]
+    """Bytes rank i sends rank j: 1 + j % 3 rows of 4 fp32."""
+    return [[(1 + j % 3) * 4 * 4.0 for j in range(n)] for _ in range(n)]
 
 
 def test_ranks_lists_take_ranks_and_ranges_in_any_order():
@@ -191,7 +191,7 @@ def test_a_world_of_16_run_by_2_processes_is_priced_as_16_processes(tmp_path):
         assert two[r]["world"] == 16
         # Every collective: the same devices, bytes, algorithm, start, end.
         assert two[r]["records"] == all16[r]["records"], r
-        # The lengths from absent ranks are their counterparts' shifted ones, which here are their real ones.
+        # The lengths from absent ranks are their counterparts', which here are their real ones.
         assert two[r]["recv"] == all16[r]["recv"] == _lengths(r, 16)
     assert two_report.iteration_s == all_report.iteration_s and two_report.iterations == 3
     assert two_report.wall_s == all_report.wall_s
@@ -298,3 +298,27 @@ def test_tensors_without_bytes_on_one_side_move_no_payload_and_leave_no_rank_wai
     # all_reduce of [0..7] on both ranks: 2x; the rest unknown.
     assert lines == ["MIXED 0 None [0, 2, 4, 6, 8, 10, 12, 14] None",
                      "MIXED 1 None [0, 2, 4, 6, 8, 10, 12, 14] None"], r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.timeout(600)
+def test_torchrec_sharded_dlrm_in_a_world_of_4_run_by_ranks_0_and_2_is_priced_as_4_processes(tmp_path):
+    # torchrec's DMP, table-wise and row-wise tables: each rank sends a peer
+    # the lengths and indices of the peer's own tables and shards, so an
+    # absent rank's pieces must be its counterpart's for that same peer
+    # (other pieces give fbgemm lengths that do not add up to the indices).
+    # With every rank drawing the same batches they are its real ones, and
+    # every all-to-all is priced as with 4 processes.
+    script = Path(__file__).resolve().parent.parent / "examples" / "torchrec_dlrm.py"
+    reports = {}
+    for name, world in (("two", ["--world-size", "4", "--ranks", "0,2"]), ("four", ["--nproc", "4"])):
+        out = tmp_path / f"{name}.json"
+        zion_emu_cli("run", "--timing-only", *world, "--quiet-report", "--report", str(out), str(script),
+                     "--device", "zion", "--iters", "3", "--batches", "shared", timeout_s=280)
+        reports[name] = RunReport.from_json(json.loads(out.read_text()))
+    two, four = reports["two"], reports["four"]
+    assert two.world is not None and (two.world.world_size, two.world.ranks) == (4, [0, 2])
+    assert four.world is None or four.world.ranks == [0, 1, 2, 3]
+    assert two.iterations == four.iterations == 3
+    assert two.iteration_s == pytest.approx(four.iteration_s, rel=1e-9)

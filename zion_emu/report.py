@@ -312,11 +312,11 @@ WORLD_ASSUMPTIONS = (
     "an absent rank a stands on its counterpart p, the nearest running rank before it (a-1, a-2, ..., cyclically): "
     "it passes p's dtype, size, root and reduce op",
     "all-to-all sizes: an absent rank a sends a running rank what that rank expects from a, and an absent rank b "
-    "what p sends to (p + b - a) mod N",
+    "what p sends b (exact when the receiver decides what it gets, as in a model-parallel exchange)",
     "data: all_reduce, reduce and reduce_scatter combine the running ranks' alone; an absent rank's all_gather "
-    "and gather pieces, and a broadcast from an absent root, are its counterpart's; an integer all-to-all piece "
-    "from an absent rank is p's piece for (p + k) mod N, where the receiver is (a + k) mod N (zeros if its size "
-    "differs), a floating-point one zeros; send and recv with an absent rank are refused",
+    "and gather pieces, and a broadcast from an absent root, are its counterpart's; an all-to-all piece from an "
+    "absent rank is the piece p sends the receiver (zeros if the receiver expects another size); send and recv "
+    "with an absent rank are refused",
     "per-device figures, link traffic and top work cover the running ranks only",
 )
 

@@ -8,11 +8,10 @@
 // moves the same elements to the same places.
 //
 // With absent ranks (present_ranks.h) gloo moves the pieces between present
-// ranks; a piece from an absent rank a, standing on its counterpart p, is:
-// for integer and bool tensors (lengths, offsets, split sizes a script
-// exchanges before the payload), the piece p sends toward (p + k) mod n,
-// where this rank is (a + k) mod n, if it has the number of elements this
-// rank expects from a, else zeros; for floating-point tensors, zeros.
+// ranks; a piece from an absent rank a, standing on its counterpart p, is
+// the piece p sends this rank, if it has the number of elements this rank
+// expects from a, else zeros. Split sizes, lengths and indices a script
+// exchanges stay consistent with each other and within this rank's shards.
 
 #include <c10/util/Exception.h>
 
@@ -111,36 +110,17 @@ void ProcessGroupZion::all_to_all_present(const at::Tensor& out, const at::Tenso
     offset += recv[g];
   }
 
-  // From absent ranks.
-  if (at::isFloatingType(in.scalar_type()) || at::isComplexType(in.scalar_type())) {
-    for (int a = 0; a < n; ++a) {
-      if (!ranks_.is_present(a)) out.narrow(0, recv_at[a], recv[a]).zero_();
-    }
-    return;
-  }
-  // Integers: every present rank's whole input, padded to the longest, so
-  // each counterpart's piece for any peer is at hand.
-  int64_t longest = 0;
-  for (int g : ranks_.present) {
-    const auto& c = agreed.sides[g].send_counts;
-    longest = std::max(longest, std::accumulate(c.begin(), c.end(), int64_t{0}));
-  }
-  at::Tensor mine = at::zeros({longest}, in.options());
-  mine.narrow(0, 0, in.numel()).copy_(in);
-  at::Tensor inputs = at::empty({longest * static_cast<int64_t>(ranks_.present.size())}, in.options());
-  gloo_->_allgather_base(inputs, mine)->wait();
+  // From an absent rank: its counterpart's piece for this rank, or zeros
+  // when this rank expects a different size from it.
   for (int a = 0; a < n; ++a) {
     if (ranks_.is_present(a)) continue;
     at::Tensor piece = out.narrow(0, recv_at[a], recv[a]);
     const int p = ranks_.counterpart[a];
-    const int peer = ((p + me - a) % n + n) % n;  // p's peer at the distance this rank is from a
-    const auto& counts = agreed.sides[p].send_counts;
-    if (counts[peer] != recv[a]) {
+    if (recv[p] == recv[a]) {
+      piece.copy_(out.narrow(0, recv_at[p], recv[p]));
+    } else {
       piece.zero_();
-      continue;
     }
-    const int64_t start = std::accumulate(counts.begin(), counts.begin() + peer, int64_t{0});
-    piece.copy_(inputs.narrow(0, ranks_.gloo_rank[p] * longest + start, recv[a]));
   }
 }
 

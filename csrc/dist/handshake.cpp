@@ -156,7 +156,7 @@ void add_absent_sides(Agreement& a, const PresentRanks& ranks) {
     auto& send = a.sides[i].send_counts;
     send.resize(n);
     for (int j = 0; j < n; ++j) {
-      send[j] = ranks.is_present(j) ? a.sides[j].recv_counts[i] : a.sides[p].send_counts[((p + j - i) % n + n) % n];
+      send[j] = ranks.is_present(j) ? a.sides[j].recv_counts[i] : a.sides[p].send_counts[j];
     }
   }
   for (int j = 0; j < n; ++j) {

@@ -78,7 +78,7 @@ struct Agreement {
 // latest start and, for an all-to-all, these element counts S[i][j] (rank i
 // sends rank j) and R[j][i] (rank j receives from rank i):
 //   S[a][j] = what present j says it receives from a (its recv count);
-//   S[a][j] = S[p][(p + j - a) mod n] for absent j (p's real send count);
+//   S[a][j] = S[p][j] for absent j (what p really sends j);
 //   R[a][i] = S[i][a].
 // A present rank's own counts are as it passed them.
 Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const RankSide& mine);

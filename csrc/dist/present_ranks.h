@@ -9,9 +9,9 @@
 // a - 2, ..., wrapping past 0 to size - 1). With ranks 0 and 8 of 16 present,
 // ranks 1..7 stand on 0 and 9..15 on 8. An absent rank brings what its
 // counterpart brings (dtype, size, root, reduce op), arrives when the latest
-// present rank does, and sends what its counterpart sends, shifted: toward
-// peer (a + k) mod size what the counterpart sends toward (p + k) mod size
-// (see agree() in handshake.cpp for an all-to-all's exact counts).
+// present rank does, and sends each peer what its counterpart sends that
+// peer, as in a model-parallel exchange, where the receiver's shards decide
+// what it gets (see agree() in handshake.h for an all-to-all's exact counts).
 
 #include <c10/util/Exception.h>
 

@@ -29,10 +29,8 @@
 // - all_gather, gather: an absent rank's piece is its counterpart's;
 // - broadcast from an absent root: from its counterpart; reduce to or
 //   gather at an absent root, scatter from one: no data moves;
-// - all_to_all: integer and bool pieces from an absent rank are its
-//   counterpart's piece for the shifted peer (toward (p + k) mod n for
-//   (a + k) mod n) when that has the size the receiver expects, else zeros;
-//   floating-point pieces are zeros;
+// - all_to_all: a piece from an absent rank is the piece its counterpart
+//   sends the receiver, when that has the size the receiver expects, else zeros;
 // - send and recv with an absent peer are refused.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
