@@ -299,3 +299,48 @@ def test_transposed_convolution_on_zion_is_priced_as_one() -> None:
     expected = torch.nn.functional.conv_transpose2d(x.detach().cpu(), w.detach().cpu(), stride=2, padding=1,
                                                     output_padding=1)
     assert torch.equal(y.detach().cpu(), expected)
+
+
+def _sparse(sizes: list, nnz_indices: int) -> sim.TensorDesc:
+    """A sparse COO tensor as the device describes it: its values' sizes and its indices."""
+    t = T(sizes)
+    t.sparse_index_elements = nnz_indices
+    assert t.is_sparse()
+    return t
+
+
+def test_a_sparse_gradient_added_into_a_dense_table_touches_only_its_rows(oam: sim.OpCostModel) -> None:
+    # SGD with a sparse gradient: table [1M, 64] fp32, 1000 rows of grad (values [1000, 64], 1000 indices).
+    # flops = 64000 adds at 1e12 * 0.8 -> 80 ns.
+    # streamed = values 256000 + indices 8000 = 264000 bytes at 1e11 * 0.8 -> 3.3 us;
+    # gathered = read + write of the 64000 landing elements = 512000 bytes at 1e11 * 0.25 -> 20.48 us.
+    table, grad = T([1_000_000, 64]), _sparse([1000, 64], 1000)
+    assert grad.bytes() == 264000
+    cost = oam.cost(sim.OpCall("aten::add_.Tensor", [table, grad], [table]))
+    assert (cost.work.flops, cost.work.bytes, cost.work.gathered_bytes) == (64000, 264000, 512000)
+    assert cost.work.op_class == sim.OpClass.embedding_bag
+    assert cost.memory_time == approx(3.3e-6 + 20.48e-6)
+    assert cost.device_time == cost.memory_time
+    # Out of place, the table is first copied into the result: + 2 x 256,000,000 bytes streamed -> + 6.4 ms.
+    out = oam.cost(sim.OpCall("aten::add.Tensor", [table, grad], [table]))
+    assert out.work.bytes == 264000 + 512_000_000 and out.work.gathered_bytes == 512000
+    assert out.memory_time == approx((264000 + 512_000_000) / 8e10 + 20.48e-6)
+    # Dense + dense is the elementwise pass it always was: 3 x 256 MB at 8e10 -> 9.6 ms.
+    dense = oam.cost(sim.OpCall("aten::add_.Tensor", [table, table], [table]))
+    assert dense.work.gathered_bytes == 0 and dense.memory_time == approx(9.6e-3)
+    assert oam.cost(sim.OpCall("aten::sub_.Tensor", [table, grad], [table])).memory_time == approx(3.3e-6 + 20.48e-6)
+
+
+def test_the_composite_embedding_bag_backward_is_priced_by_its_results_layout(oam: sim.OpCostModel) -> None:
+    # Batch 2048 x 100 lookups of dim 64 into a [1M, 64] table.
+    grad, indices, offsets = T([2048, 64]), T([204_800], "int64"), T([2048], "int64")
+    # sparse=True: the gradient's values hold one grad row per lookup, written in order; everything streams:
+    # grad 524288 + indices 1638400 + offsets 16384 + values 52428800 + value indices 1638400 = 56246272 bytes.
+    sparse = oam.cost(sim.OpCall("aten::_embedding_bag_backward", [grad, indices, offsets],
+                                 [_sparse([204_800, 64], 204_800)]))
+    assert (sparse.work.bytes, sparse.work.gathered_bytes) == (56246272, 0)
+    assert sparse.memory_time == approx(56246272 / 8e10)
+    # sparse=False: the dense [1M, 64] gradient is written (256 MB) and each lookup's row accumulated at random.
+    dense = oam.cost(sim.OpCall("aten::_embedding_bag_backward", [grad, indices, offsets], [T([1_000_000, 64])]))
+    assert dense.work.bytes == 524288 + 1638400 + 16384 + 256_000_000
+    assert dense.work.gathered_bytes == 2 * 204_800 * 64 * 4

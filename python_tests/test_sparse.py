@@ -26,6 +26,30 @@ def test_dense_add_sparse_in_place():
     assert torch.equal(d.cpu(), torch.ones(2, 3).add_(s, alpha=2))
 
 
+def _busy(f) -> float:
+    torch.zion.synchronize()
+    before = _C.device.counters(0)["busy_s"]
+    f()
+    torch.zion.synchronize()
+    return _C.device.counters(0)["busy_s"] - before
+
+
+def test_a_sparse_gradient_step_on_a_zion_table_is_priced_by_the_rows_it_touches():
+    # The device hands the pricing a sparse tensor as what it stores (values [3, 64], 3 indices), so
+    # SGD's add_ costs what the op cost model gives those rows, not a pass over the 100,000-row table.
+    from zion_emu import sim
+    table = torch.zeros(100_000, 64, device="zion")
+    grad = torch.sparse_coo_tensor(torch.tensor([[3, 7, 11]]), torch.ones(3, 64), (100_000, 64)).to("zion")
+    values = sim.TensorDesc([3, 64])
+    values.sparse_index_elements = 3
+    model = sim.OpCostModel.for_oam(zion_emu.current_platform())
+    expected = model.cost(sim.OpCall("aten::add_.Tensor", [sim.TensorDesc([100_000, 64]), values],
+                                     [sim.TensorDesc([100_000, 64])]))
+    assert expected.work.bytes == 3 * 64 * 4 + 3 * 8 and expected.work.gathered_bytes == 2 * 3 * 64 * 4
+    assert _busy(lambda: table.add_(grad, alpha=-0.1)) == pytest.approx(expected.device_time, rel=1e-9)
+    assert torch.equal(table.cpu()[[3, 7, 11]], torch.full((3, 64), -0.1))
+
+
 def test_embedding_bag_sparse_with_mlp_trains_20_steps_bit_equal_to_cpu():
     def train(device: str) -> tuple[list[float], torch.Tensor]:
         torch.manual_seed(0)

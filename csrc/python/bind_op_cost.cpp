@@ -258,6 +258,9 @@ void bind_op_cost(py::module_& sim) {
       .def_readwrite("sizes", &TensorDesc::sizes)
       .def_property_readonly("dtype", &storage_name)
       .def_readwrite("element_size", &TensorDesc::element_size)
+      .def_readwrite("sparse_index_elements", &TensorDesc::sparse_index_elements,
+                     "a sparse COO tensor (sizes are its values'): its int64 indices, sparse_dim x nnz; -1: dense")
+      .def("is_sparse", &TensorDesc::is_sparse)
       .def("numel", &TensorDesc::numel)
       .def("bytes", &TensorDesc::bytes)
       .def("__repr__", [](const TensorDesc& t) {

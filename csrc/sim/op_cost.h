@@ -64,13 +64,22 @@ struct ComputeUnit {
 // dtype names the peak-FLOP/s class, not the storage type: every integer or
 // bool tensor is DType::kInt8 (the only integer class a preset prices) and
 // element_size gives its storage width (8 for int64 indices).
+//
+// A sparse COO tensor is described by what it stores: sizes are its values'
+// ([nnz, dense dims...]), and sparse_index_elements counts its int64 indices
+// (sparse_dim x nnz), which bytes() adds. A dense tensor has -1 there.
 struct TensorDesc {
   std::vector<int64_t> sizes;
   DType dtype = DType::kFp32;
   int element_size = 4;
+  int64_t sparse_index_elements = -1;
 
   int64_t numel() const;
-  double bytes() const { return static_cast<double>(numel()) * element_size; }
+  bool is_sparse() const { return sparse_index_elements >= 0; }
+  double bytes() const {
+    return static_cast<double>(numel()) * element_size +
+           (is_sparse() ? static_cast<double>(sparse_index_elements) * 8 : 0.0);
+  }
   bool is_floating_point() const { return dtype != DType::kInt8; }
 };
 

@@ -235,6 +235,44 @@ OpWork embedding_sparse_backward(const OpCall& call) {
   return make_work(OpClass::kEmbeddingBag, elements, io_bytes(call));
 }
 
+// embedding_backward and _embedding_bag_backward are composite: the device
+// sees the op they call, the dense or the sparse backward; whoever prices
+// them gets that op's work, by the result's layout (a sparse COO gradient
+// for sparse=True).
+OpWork embedding_backward(const OpCall& call) {
+  if (!call.outputs.empty() && call.outputs[0].is_sparse()) return embedding_sparse_backward(call);
+  return embedding_dense_backward(call);
+}
+
+// Whether an ATen name is an in-place op's ("aten::add_.Tensor").
+bool in_place(const std::string& name) {
+  const size_t ns = name.find("::");
+  const size_t from = ns == std::string::npos ? 0 : ns + 2;
+  const size_t dot = name.find('.', from);
+  const size_t end = dot == std::string::npos ? name.size() : dot;
+  return end > from && name[end - 1] == '_';
+}
+
+// add / sub with a sparse COO `other` into a dense `self`, as an optimizer's
+// update with a sparse gradient does: each stored value lands on its element
+// of self, a read-modify-write at random rows (2 x the values' elements in
+// self's dtype, gathered), one FLOP each; the values and indices stream in.
+// Out of place, self is first copied into the result: one more pass (read
+// self, write the result). Any other mix of layouts is the dense formula's.
+WorkFormula dense_plus_sparse(WorkFormula dense) {
+  return [dense](const OpCall& call) {
+    if (call.inputs.size() < 2 || call.inputs[0].is_sparse() || !call.inputs[1].is_sparse() || call.outputs.empty() ||
+        call.outputs[0].is_sparse()) {
+      return dense(call);
+    }
+    const TensorDesc& self = call.inputs[0];
+    const TensorDesc& values = call.inputs[1];
+    const double landed = static_cast<double>(values.numel()) * self.element_size;
+    const double copied = in_place(call.name) ? 0.0 : self.bytes() + call.outputs[0].bytes();
+    return make_work(OpClass::kEmbeddingBag, static_cast<double>(values.numel()), values.bytes() + copied, 2 * landed);
+  };
+}
+
 // index_select(self, dim, index): each output element is read from self at a
 // row chosen by index, like an embedding lookup.
 OpWork index_select(const OpCall& call) {
@@ -285,8 +323,10 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   add_all({"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}, convolution(1));
   add_all({"convolution_backward", "convolution_backward_overrideable"}, convolution_backward);
 
-  // Elementwise, one FLOP per element.
-  add_all({"add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt",
+  // Elementwise, one FLOP per element; a sparse gradient added into a dense
+  // tensor touches only its rows.
+  add_all({"add", "sub"}, dense_plus_sparse(elementwise(1)));
+  add_all({"rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt",
            "rsqrt", "reciprocal", "pow", "relu", "sigmoid", "tanh", "gelu", "silu", "elu", "leaky_relu", "hardtanh",
            "hardsigmoid", "hardswish", "threshold", "threshold_backward", "sigmoid_backward", "tanh_backward",
            "gelu_backward", "silu_backward", "leaky_relu_backward", "hardtanh_backward", "clamp", "clamp_min",
@@ -348,10 +388,8 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   // Embeddings.
   add_all({"embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"}, embedding_bag);
   add("embedding", embedding);
-  // embedding_backward and _embedding_bag_backward are composite (the device
-  // sees the dense or sparse op they call); priced dense for whoever asks.
-  add_all({"embedding_dense_backward", "embedding_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward"},
-          embedding_dense_backward);
+  add_all({"embedding_dense_backward", "_embedding_bag_dense_backward"}, embedding_dense_backward);
+  add_all({"embedding_backward", "_embedding_bag_backward"}, embedding_backward);
   add_all({"embedding_sparse_backward", "_embedding_bag_sparse_backward"}, embedding_sparse_backward);
   add("index_select", index_select);
   add("index.Tensor", advanced_index);

@@ -21,7 +21,14 @@ void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDes
   for (const auto& t : tensors) {
     if (!t.defined()) continue;
     sim::TensorDesc& d = out[i++];
-    d.sizes.assign(t.sizes().begin(), t.sizes().end());
+    if (t.is_sparse()) {  // described by what it stores (sim::TensorDesc)
+      const at::Tensor values = t._values();
+      d.sizes.assign(values.sizes().begin(), values.sizes().end());
+      d.sparse_index_elements = t._indices().numel();
+    } else {
+      d.sizes.assign(t.sizes().begin(), t.sizes().end());
+      d.sparse_index_elements = -1;
+    }
     d.dtype = model_dtype(t.scalar_type());
     d.element_size = static_cast<int>(t.element_size());
   }
