@@ -86,7 +86,7 @@ def test_ordered_schedule_serves_kth_calls_in_trainer_order_whatever_comes_first
         call(0)
         late.join(10)
         assert order == [0, 1]
-        # row 0 = 0 - 1 (trainer 0) - 2 (trainer 1), applied in that order
+        # row 0 = 0 - 1 (trainer 0) - 2 (trainer 1), applied in that order (lr 1)
         assert server.tables["t"][0].tolist() == [-3.0, -2.0]
     finally:
         zion_emu.reset_clock()
@@ -124,7 +124,7 @@ def _replay_losses(steps: int) -> list[list[float]]:
             pushes.append(([(u, r.grad) for (u, _), r in zip(pairs, rows)], {n: p.grad for n, p in m.named_parameters()}))
         for row_grads, dense_grads in pushes:
             for name, (u, g) in zip(names, row_grads):
-                tables[name].index_add_(0, u, g, alpha=-shape.lr)
+                tables[name].index_put_((u,), g.mul(-shape.lr), accumulate=True)
             for n, g in dense_grads.items():
                 dense[n].add_(g, alpha=-shape.lr)
     return losses

@@ -5,7 +5,8 @@ server ``r % S`` at local row ``r // S``) and, optionally, dense parameters
 (parameter ``i`` on server ``i % S``), in the DDR of a CPU socket. Trainers,
 on OAMs (or sockets), pull rows and parameters and push gradients with no
 barrier between trainers, Hogwild-style: a server applies each push as it
-serves it (plain SGD, ``param -= lr * grad``, rows through ``index_add_``).
+serves it (plain SGD, ``param -= lr * grad``; rows through
+``index_put_((ids,), grad * -lr, accumulate=True)``).
 
 Data moves for real, through TensorPipe. Each message is priced on its route
 in the platform's topology (UPI, PCIe switches, RDMA NICs and the
@@ -283,7 +284,11 @@ class ParameterServer:
                     dense[name] = self._param(name).clone()
             elif req.kind == "push":
                 for name, ids in req.rows.items():
-                    self._table(name).index_add_(0, ids, req.grads[name], alpha=-self.lr)
+                    # index_put_(accumulate=True)'s kernel, called directly: the
+                    # socket prices each kernel, and this one as a
+                    # read-modify-write of the rows it lands on (the public
+                    # index_put_ would be priced as a pass over the table).
+                    torch.ops.aten._index_put_impl_(self._table(name), (ids,), req.grads[name].mul(-self.lr), True)
                 for name, grad in req.dense.items():
                     self._param(name).add_(grad, alpha=-self.lr)
             elif req.kind == "done":
