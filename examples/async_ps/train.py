@@ -147,7 +147,9 @@ def run_trainer(args: argparse.Namespace, index: int, rank: int, world: int,
             losses.append(loss.item())
         end = trainer.ready_s()
         samples = args.steps * shape.batch
-        trainer.done(summary={"samples": samples, "start_s": start, "end_s": end, "steps": args.steps})
+        pull_wait = sum(r.reply_arrival_s - r.send_s for r in trainer.records if r.kind == "pull")
+        trainer.done(summary={"samples": samples, "start_s": start, "end_s": end, "steps": args.steps,
+                              "pull_wait_s": pull_wait})
         end = max(end, trainer.ready_s())
         for step, value in enumerate(losses):
             print(f"trainer {index} step {step} loss {value!r}", flush=True)
@@ -167,6 +169,9 @@ def summarize(args: argparse.Namespace, trainers: int, per_step: int, stats: lis
     end = max(r["end_s"] for r in runs.values())
     samples = sum(r["samples"] for r in runs.values())
     step_s = sum((r["end_s"] - r["start_s"]) / r["steps"] for r in runs.values()) / len(runs)
+    # The share of a trainer's time spent waiting for its pulls (send to
+    # reply): the rest is its own compute and the sending of pushes.
+    pull_wait = sum(r["pull_wait_s"] / (r["end_s"] - r["start_s"]) for r in runs.values()) / len(runs)
     # The busiest resource: a server's work, or a link its messages crossed.
     busiest = max(((s["utilization"], f"server {s['server']} ({s['place']}) busy") for s in stats), default=(0, ""))
     for s in stats:
@@ -174,7 +179,7 @@ def summarize(args: argparse.Namespace, trainers: int, per_step: int, stats: lis
             if c["busiest_utilization"] > busiest[0]:
                 busiest = (c["busiest_utilization"], f"link {c['busiest_link']} ({c['link_class']})")
     return {"trainers": trainers, "servers": len(stats), "schedule": args.schedule, "dense": args.dense,
-            "samples_per_step": per_step, "samples": samples, "modeled_s": end - start,
+            "samples_per_step": per_step, "samples": samples, "modeled_s": end - start, "pull_wait_share": pull_wait,
             "samples_per_s": samples / (end - start) if end > start else None, "step_s": step_s,
             "limit": busiest[1], "limit_utilization": busiest[0], "server_stats": stats}
 
@@ -183,8 +188,8 @@ def report(s: dict[str, Any]) -> str:
     lines = [f"async_ps: {s['trainers']} trainers, {s['servers']} servers, schedule {s['schedule']}, "
              f"dense on {s['dense']}",
              f"  modeled {s['modeled_s'] * 1e3:.3f} ms, {s['samples_per_s']:.1f} samples/s, "
-             f"{s['step_s'] * 1e3:.3f} ms per trainer step",
-             f"  limit: {s['limit']} at {s['limit_utilization'] * 100:.1f}%"]
+             f"{s['step_s'] * 1e3:.3f} ms per trainer step, {s['pull_wait_share'] * 100:.0f}% of it waiting for pulls",
+             f"  busiest: {s['limit']} at {s['limit_utilization'] * 100:.1f}%"]
     for st in s["server_stats"]:
         lines.append(f"  server {st['server']} on {st['place']}: {st['served']} messages, busy "
                      f"{st['utilization'] * 100:.1f}%")
