@@ -200,3 +200,25 @@ def test_two_trainers_one_server_times_order_and_losses(tmp_path: Path) -> None:
     # The same script with CPU trainers: the same losses.
     cpu = _run(tmp_path, "cpu", "--device", "cpu")
     assert [run["losses"] for run in cpu] == [run["losses"] for run in runs]
+
+
+def test_free_schedule_serves_as_messages_come() -> None:
+    server = async_ps.ParameterServer(0, async_ps.Place("socket", 0), {"t": torch.zeros(4, 2)}, {}, lr=1.0,
+                                      trainers=2, schedule="free", timeout_s=20)
+    try:
+        # Trainer 1's third call first: nothing waits for a turn.
+        r = server.handle(async_ps.Request(1, 2, "pull", async_ps.Place("oam", 1), 0.0, rows={"t": torch.tensor([3])}))
+        assert r.rows["t"].tolist() == [[0.0, 0.0]] and r.record.seq == 2
+    finally:
+        zion_emu.reset_clock()
+
+
+def test_ordered_server_names_the_call_it_waits_for_instead_of_hanging() -> None:
+    server = async_ps.ParameterServer(0, async_ps.Place("socket", 0), {"t": torch.zeros(4, 2)}, {}, lr=1.0,
+                                      trainers=2, timeout_s=0.3)
+    req = async_ps.Request(1, 0, "pull", async_ps.Place("oam", 1), 0.0, rows={"t": torch.tensor([0])})
+    with pytest.raises(RuntimeError, match="trainer 1's call 0 waited 0.3 s for its turn; the server waits for "
+                                           "trainer 0's call 0"):
+        server.handle(req)
+    with pytest.raises(KeyError, match="parameter server 0 has no table 'u'"):
+        server._table("u")

@@ -243,7 +243,7 @@ class ParameterServer:
             if left <= 0:
                 raise RuntimeError(
                     f"parameter server {self.index}: trainer {req.trainer}'s call {req.seq} waited "
-                    f"{self.timeout_s:.0f} s for its turn; the server waits for trainer {self._turn[1]}'s call "
+                    f"{self.timeout_s:g} s for its turn; the server waits for trainer {self._turn[1]}'s call "
                     f"{self._turn[0]} (every trainer must call every server the same way until it calls done())")
             self._cv.wait(left)
 
