@@ -121,7 +121,8 @@ def _replay_losses(steps: int) -> list[list[float]]:
             loss = ps_model.loss_of(m, rows, [inv for _, inv in pairs], b.x, b.y)
             loss.backward()
             losses[t].append(loss.item())
-            pushes.append(([(u, r.grad) for (u, _), r in zip(pairs, rows)], {n: p.grad for n, p in m.named_parameters()}))
+            pushes.append(([(u, r.grad) for (u, _), r in zip(pairs, rows)],
+                           {n: p.grad for n, p in m.named_parameters()}))
         for row_grads, dense_grads in pushes:
             for name, (u, g) in zip(names, row_grads):
                 tables[name].index_put_((u,), g.mul(-shape.lr), accumulate=True)

@@ -254,8 +254,8 @@ class ParameterServer:
     def wait_done(self) -> None:
         with self._cv:
             if not self._cv.wait_for(lambda: len(self._departed) == self.trainers, timeout=self.timeout_s * 10):
-                raise RuntimeError(f"parameter server {self.index}: trainers {sorted(set(range(self.trainers)) - self._departed)} "
-                                   f"did not call done() in time")
+                missing = sorted(set(range(self.trainers)) - self._departed)
+                raise RuntimeError(f"parameter server {self.index}: trainers {missing} did not call done() in time")
 
     # -- serving -----------------------------------------------------------
     def handle(self, req: Request) -> Reply:

@@ -66,7 +66,8 @@ def _env(name: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
         if default is None:
-            raise SystemExit(f"train.py: {name} is not set; start it with torchrun or `python -m zion_emu run --nproc N`")
+            raise SystemExit(f"train.py: {name} is not set; start it with torchrun or "
+                             f"`python -m zion_emu run --nproc N`")
         return default
     return int(value)
 
