@@ -203,8 +203,11 @@ def report(s: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rank, world = _env("RANK", 0), _env("WORLD_SIZE", 1)
+    if world < 2:
+        raise SystemExit(f"train.py: a world of {world} rank has no room for a trainer and a server; "
+                         f"start at least 2 ranks (torchrun or `python -m zion_emu run --nproc N`)")
     if not 1 <= args.servers < world:
-        raise SystemExit(f"train.py: --servers {args.servers} leaves no trainer in a world of {world} ranks "
+        raise SystemExit(f"train.py: --servers {args.servers} in a world of {world} ranks leaves no trainer "
                          f"(allowed: 1..{world - 1})")
     trainers = world - args.servers
     # Rendezvous through MASTER_ADDR:MASTER_PORT (env://), torchrun's store.
