@@ -148,7 +148,13 @@ def run_trainer(args: argparse.Namespace, index: int, rank: int, world: int,
             losses.append(loss.item())
         end = trainer.ready_s()
         samples = args.steps * shape.batch
-        pull_wait = sum(r.reply_arrival_s - r.send_s for r in trainer.records if r.kind == "pull")
+        # A pull is one message per server, each call numbered alike at every
+        # server: it waits from its sending to the last reply.
+        pulls: dict[int, list[async_ps.RpcRecord]] = {}
+        for r in trainer.records:
+            if r.kind == "pull":
+                pulls.setdefault(r.seq, []).append(r)
+        pull_wait = sum(max(r.reply_arrival_s for r in call) - call[0].send_s for call in pulls.values())
         trainer.done(summary={"samples": samples, "start_s": start, "end_s": end, "steps": args.steps,
                               "pull_wait_s": pull_wait})
         end = max(end, trainer.ready_s())
