@@ -202,6 +202,10 @@ def test_two_trainers_one_server_times_order_and_losses(tmp_path: Path) -> None:
     cpu = _run(tmp_path, "cpu", "--device", "cpu")
     assert [run["losses"] for run in cpu] == [run["losses"] for run in runs]
 
+    # The modeled times are fixed by the schedule: a second run gives every one again.
+    again = _run(tmp_path, "again")
+    assert [run["records"] for run in again] == [run["records"] for run in runs]
+
 
 def test_free_schedule_serves_as_messages_come() -> None:
     server = async_ps.ParameterServer(0, async_ps.Place("socket", 0), {"t": torch.zeros(4, 2)}, {}, lr=1.0,
