@@ -227,3 +227,11 @@ def test_ordered_server_names_the_call_it_waits_for_instead_of_hanging() -> None
         server.handle(req)
     with pytest.raises(KeyError, match="parameter server 0 has no table 'u'"):
         server._table("u")
+
+
+def test_dense_parameters_are_balanced_by_bytes_over_the_servers() -> None:
+    # Largest first to the emptiest server: a -> 0 (10, 0), b -> 1 (10, 6),
+    # c -> 1 (10, 11), d -> 0 (11, 11).
+    assert async_ps.dense_homes({"a": 10, "b": 6, "c": 5, "d": 1}, 2) == {"a": 0, "b": 1, "c": 1, "d": 0}
+    with pytest.raises(ValueError, match="dense_homes needs at least one server, got 0"):
+        async_ps.dense_homes({"a": 1}, 0)

@@ -2,7 +2,7 @@
 
 Parameter servers hold embedding tables (sharded by row: row ``r`` lives on
 server ``r % S`` at local row ``r // S``) and, optionally, dense parameters
-(parameter ``i`` on server ``i % S``), in the DDR of a CPU socket. Trainers,
+(each whole on one server, balanced by bytes: :func:`dense_homes`), in the DDR of a CPU socket. Trainers,
 on OAMs (or sockets), pull rows and parameters and push gradients with no
 barrier between trainers, Hogwild-style: a server applies each push as it
 serves it (plain SGD, ``param -= lr * grad``; rows through
@@ -385,16 +385,21 @@ class _Pending:
 class Trainer:
     """The trainer side: pulls rows and parameters from the servers (RPC
     workers ``servers``, in order: server ``s`` holds rows ``r % S == s``)
-    and pushes gradients. Tensors it returns live on ``device``."""
+    and pushes gradients. ``dense_homes`` says which server holds each dense
+    parameter (:func:`dense_homes`). Tensors it returns live on ``device``."""
 
     def __init__(self, index: int, place: Place, servers: Sequence[str], device: torch.device | str,
-                 dense_names: Sequence[str] = (), timeout_s: float = 120.0) -> None:
+                 dense_homes: dict[str, int] | None = None, timeout_s: float = 120.0) -> None:
         if not servers:
             raise ValueError("a trainer needs at least one parameter server")
         self.index, self.place, self.servers = index, place, list(servers)
         self.device = torch.device(device)
         self.timeout_s = timeout_s
-        self.dense_server = {name: i % len(self.servers) for i, name in enumerate(dense_names)}
+        self.dense_server = dict(dense_homes or {})
+        for name, home in self.dense_server.items():
+            if not 0 <= home < len(self.servers):
+                raise ValueError(f"trainer {index}: dense parameter '{name}' on server {home}, but the servers "
+                                 f"are 0..{len(self.servers) - 1}")
         self._seq = [0] * len(self.servers)
         self._pushes: list[_Pending] = []
         self.records: list[RpcRecord] = []
@@ -521,6 +526,21 @@ class Trainer:
 
     def records_as_dicts(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.records]
+
+
+def dense_homes(sizes: dict[str, int], servers: int) -> dict[str, int]:
+    """A server for each dense parameter (``{name: bytes}``), balanced by
+    bytes: largest first, each to the server holding the fewest bytes so far
+    (ties to the lower index)."""
+    if servers < 1:
+        raise ValueError(f"dense_homes needs at least one server, got {servers}")
+    held = [0] * servers
+    homes = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        home = min(range(servers), key=lambda s: (held[s], s))
+        homes[name] = home
+        held[home] += sizes[name]
+    return homes
 
 
 def row_shard(table: torch.Tensor, server: int, servers: int) -> torch.Tensor:

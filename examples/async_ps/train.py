@@ -3,6 +3,7 @@
 Ranks 0..T-1 are trainers, on OAMs (trainer i on OAM i % 8 of node i // 8);
 ranks T..T+S-1 are parameter servers, on CPU sockets. The embedding tables
 are sharded by row over the servers; the MLPs live on the servers too
+(each parameter whole on one server, balanced by bytes)
 (``--dense server``) or each trainer trains its own copy (``--dense local``).
 Every step a trainer pulls the rows its batch touches and the MLPs, computes
 forward and backward, and pushes the gradients without waiting, Hogwild-style.
@@ -95,7 +96,8 @@ def run_server(args: argparse.Namespace, index: int, trainers: int, rank: int, w
     dense = {}
     if args.dense == "server":
         params = dict(init_dense(shape, args.seed).named_parameters())
-        dense = {name: p.detach() for i, (name, p) in enumerate(params.items()) if i % args.servers == index}
+        homes = async_ps.dense_homes({n: p.numel() * p.element_size() for n, p in params.items()}, args.servers)
+        dense = {name: p.detach() for name, p in params.items() if homes[name] == index}
     server = async_ps.ParameterServer(index, place, tables, dense, shape.lr, trainers, args.schedule,
                                       timeout_s=args.timeout, platform=platform)
     async_ps.install(server)
@@ -121,11 +123,11 @@ def run_trainer(args: argparse.Namespace, index: int, rank: int, world: int,
     place = async_ps.Place("oam", index % per_node, index // per_node).check(platform)
     device = torch.device("zion", index % per_node) if args.device == "zion" else torch.device("cpu")
     model = init_dense(shape, args.seed).to(device)
-    names = [n for n, _ in model.named_parameters()]
     params = dict(model.named_parameters())
     local_opt = torch.optim.SGD(model.parameters(), lr=shape.lr) if args.dense == "local" else None
+    homes = async_ps.dense_homes({n: p.numel() * p.element_size() for n, p in params.items()}, args.servers)
     trainer = async_ps.Trainer(index, place, [f"ps{s}" for s in range(args.servers)], device,
-                               dense_names=names if args.dense == "server" else (), timeout_s=args.timeout)
+                               dense_homes=homes if args.dense == "server" else None, timeout_s=args.timeout)
     rpc.init_rpc(f"trainer{index}", rank=rank, world_size=world, rpc_backend_options=options)
     losses: list[float] = []
     try:
