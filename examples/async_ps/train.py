@@ -194,8 +194,8 @@ def summarize(args: argparse.Namespace, trainers: int, per_step: int, stats: lis
 
 
 def report(s: dict[str, Any]) -> str:
-    lines = [f"async_ps: {s['trainers']} trainers, {s['servers']} servers, schedule {s['schedule']}, "
-             f"dense on {s['dense']}",
+    mlps = "the MLPs on the servers" if s["dense"] == "server" else "the MLPs on each trainer"
+    lines = [f"async_ps: {s['trainers']} trainers, {s['servers']} servers, schedule {s['schedule']}, {mlps}",
              f"  modeled {s['modeled_s'] * 1e3:.3f} ms, {s['samples_per_s']:.1f} samples/s, "
              f"{s['step_s'] * 1e3:.3f} ms per trainer step, {s['pull_wait_share'] * 100:.0f}% of it waiting for pulls",
              f"  busiest: {s['limit']} at {s['limit_utilization'] * 100:.1f}%"]
