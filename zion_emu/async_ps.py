@@ -2,8 +2,8 @@
 
 Parameter servers hold embedding tables (sharded by row: row ``r`` lives on
 server ``r % S`` at local row ``r // S``) and, optionally, dense parameters
-(each whole on one server, balanced by bytes: :func:`dense_homes`), in the DDR of a CPU socket. Trainers,
-on OAMs (or sockets), pull rows and parameters and push gradients with no
+(each whole on one server, balanced by bytes: :func:`dense_homes`), in the
+DDR of a CPU socket. Trainers, on OAMs (or sockets), pull rows and parameters and push gradients with no
 barrier between trainers, Hogwild-style: a server applies each push as it
 serves it (plain SGD, ``param -= lr * grad``; rows through
 ``index_put_((ids,), grad * -lr, accumulate=True)``).
