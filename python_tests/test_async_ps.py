@@ -235,3 +235,22 @@ def test_dense_parameters_are_balanced_by_bytes_over_the_servers() -> None:
     assert async_ps.dense_homes({"a": 10, "b": 6, "c": 5, "d": 1}, 2) == {"a": 0, "b": 1, "c": 1, "d": 0}
     with pytest.raises(ValueError, match="dense_homes needs at least one server, got 0"):
         async_ps.dense_homes({"a": 1}, 0)
+
+
+def test_a_trainer_on_another_node_reaches_the_server_through_the_nics_and_the_switch() -> None:
+    """zionex: node 1's OAM 0 -> its PCIe switch -> its RDMA NIC -> the
+    top-of-rack switch -> node 0's NIC -> switch 0 -> socket 0."""
+    p = zion_emu.load_platform("zionex")
+    f = p.fields
+    pcie, sw = f["pcie"], f["pcie"]["switches"][0]
+    # Four PCIe hops, two NICs and the switch: 4 x 150 + 2 x 1000 + 600 ns = 3.2 us.
+    latency = (4 * pcie["latency_ns"] + 2 * f["nic"]["latency_ns"] + f["tor_switch"]["latency_ns"]) * 1e-9
+    # The slowest link: the Gen3 x16 uplink to the socket (12 GB/s), below
+    # the OAM's Gen4 x16 (24 GB/s) and the 200 Gb/s NIC (25 GB/s).
+    bandwidth = min(pcie["lane_bandwidth_gb_per_s"][sw["generation"]] * 1e9 * sw["oam_lanes"],
+                    f["nic"]["bandwidth_gbit_per_s"] * 1e9 / 8,
+                    pcie["lane_bandwidth_gb_per_s"][sw["uplink_generation"]] * 1e9 * sw["uplink_lanes"])
+    assert (latency, bandwidth) == (pytest.approx(3.2e-6), 12e9)
+    links = async_ps.Links(p)
+    _, arrival = links.send(async_ps.Place("oam", 0, node=1), async_ps.Place("socket", 0, node=0), 1.2e6, 0.0)
+    assert arrival == pytest.approx(1.2e6 / bandwidth + latency, rel=1e-12)  # 103.2 us
