@@ -55,9 +55,9 @@ __all__ = [
 # __getattr__ when first named (PEP 562): the CLI, the report and the CUDA
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
-    "astra", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed", "inductor",
-    "inference", "iterations", "launch", "memory", "platform", "report", "report_html", "report_text", "sim",
-    "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
+    "astra", "async_ps", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed",
+    "inductor", "inference", "iterations", "launch", "memory", "platform", "report", "report_html", "report_text",
+    "sim", "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
 )
 
 

@@ -1,0 +1,548 @@
+"""Asynchronous training with parameter servers, on ``torch.distributed.rpc``.
+
+Parameter servers hold embedding tables (sharded by row: row ``r`` lives on
+server ``r % S`` at local row ``r // S``) and, optionally, dense parameters
+(each whole on one server, balanced by bytes: :func:`dense_homes`), in the
+DDR of a CPU socket. Trainers, on OAMs (or sockets), pull rows and parameters and push gradients with no
+barrier between trainers, Hogwild-style: a server applies each push as it
+serves it (plain SGD, ``param -= lr * grad``; rows through
+``index_put_((ids,), grad * -lr, accumulate=True)``).
+
+Data moves for real, through TensorPipe. Each message is priced on its route
+in the platform's topology (UPI, PCIe switches, RDMA NICs and the
+top-of-rack switch, or the front-end NICs), and the virtual clocks of sender
+and receiver stay consistent:
+
+- a request carries its sender's clock at sending, ``send_s`` (a trainer on
+  an OAM first waits for its device: the payload must be computed);
+- it occupies each link of its route, first come first served in the order
+  the server serves its messages, for ``bytes / bandwidth`` of the route's
+  slowest link, starting when the sender is ready and every link of the
+  route is free; it arrives one route latency after its last byte left:
+  ``arrival_s = max(send_s, free(links)) + bytes / bandwidth + latency``;
+- the server serves one message at a time: it starts at
+  ``max(server clock, arrival_s)``, the work (gathers, updates, copies) runs
+  priced on its socket (``zion_emu.socket``), and ``finish_s`` is the
+  server's clock after it;
+- the reply leaves at ``finish_s`` on the reverse route, priced the same way,
+  and the trainer's clock waits until ``reply_arrival_s``. So a reply never
+  arrives before its request was served, nor a request before it was sent.
+
+A server knows the messages it sends and receives, so its links are FIFO
+for them; messages of different servers do not contend on a link they share
+(each server keeps its own link clocks). Message size is the bytes of the
+tensors it carries (ids, rows, gradients, parameters); headers are not
+counted.
+
+**Schedules.** Trainers call each server in turn: a server serves its
+messages in the order of ``(call number, trainer)``, the trainers' k-th
+calls one after another by trainer, then their (k+1)-th ("ordered", the
+default). The values every trainer reads, the losses and every modeled time
+are then fixed by the script alone, equal from run to run and to the same
+script with CPU trainers. ``schedule="free"`` serves messages as they come
+(Hogwild proper): faster on the host, but the order, and so the values and
+modeled times, depend on the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from zion_emu import _C
+from zion_emu.platform import Platform, current_platform
+from zion_emu.sockets import socket as socket_scope
+
+SCHEDULES = ("ordered", "free")
+PLACE_KINDS = ("oam", "socket")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a trainer or server runs: an OAM or a CPU socket of a node."""
+
+    kind: str  # "oam" or "socket"
+    index: int
+    node: int = 0
+
+    def check(self, platform: Platform) -> "Place":
+        if self.kind not in PLACE_KINDS:
+            raise ValueError(f"a place is one of {', '.join(PLACE_KINDS)}, got '{self.kind}'")
+        count = platform.devices_per_node if self.kind == "oam" else platform.native.sockets_per_node
+        if not 0 <= self.index < count:
+            raise ValueError(f"{self.kind} {self.index} does not exist on platform '{platform.name}' "
+                             f"({count} per node: 0..{count - 1})")
+        if not 0 <= self.node < platform.nodes:
+            raise ValueError(f"node {self.node} does not exist on platform '{platform.name}' "
+                             f"({platform.nodes} nodes: 0..{platform.nodes - 1})")
+        return self
+
+    def __str__(self) -> str:
+        return f"n{self.node}.{self.kind}{self.index}"
+
+
+@dataclass(frozen=True)
+class Route:
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    links: tuple[int, ...]
+
+
+class Links:
+    """The topology's links as FIFO resources for the messages one server
+    sends and receives: when each link is next free, and what it carried."""
+
+    def __init__(self, platform: Platform) -> None:
+        from zion_emu import sim
+
+        self.platform = platform
+        self.topology = sim.build_topology(platform.native)
+        self.link_table = self.topology.links
+        n = len(self.link_table)
+        self.free_s = [0.0] * n
+        self.busy_s = [0.0] * n
+        self.bytes = [0.0] * n
+        self._routes: dict[tuple[Place, Place], Route] = {}
+
+    def route(self, src: Place, dst: Place) -> Route:
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            a = self.topology.find(src.kind, src.node, src.index)
+            b = self.topology.find(dst.kind, dst.node, dst.index)
+            d = self.topology.route(a, b)
+            links = tuple(sorted({link for path in d["paths"] for link in path}))
+            r = Route(d["latency_s"], d["bandwidth_bytes_per_s"], links)
+            self._routes[key] = r
+        return r
+
+    def send(self, src: Place, dst: Place, nbytes: float, ready_s: float) -> tuple[float, float]:
+        """(first byte leaves, message arrives) for ``nbytes`` sent when ready
+        at ``ready_s``; marks the route's links busy meanwhile."""
+        if src == dst:
+            return ready_s, ready_s
+        r = self.route(src, dst)
+        start = max([ready_s, *(self.free_s[link] for link in r.links)])
+        tx = nbytes / r.bandwidth_bytes_per_s
+        for link in r.links:
+            self.free_s[link] = start + tx
+            self.busy_s[link] += tx
+            self.bytes[link] += nbytes
+        return start, start + tx + r.latency_s
+
+    def by_class(self, elapsed_s: float) -> list[dict[str, Any]]:
+        """Per link class: bytes, busy seconds summed over links, and the
+        busiest link's name and utilization over ``elapsed_s``."""
+        out: dict[str, dict[str, Any]] = {}
+        for i, link in enumerate(self.link_table):
+            c = out.setdefault(link["link_class"], {"link_class": link["link_class"], "bytes": 0.0, "busy_s": 0.0,
+                                                     "busiest_link": "", "busiest_utilization": 0.0})
+            c["bytes"] += self.bytes[i]
+            c["busy_s"] += self.busy_s[i]
+            util = self.busy_s[i] / elapsed_s if elapsed_s > 0 else 0.0
+            if self.busy_s[i] > 0 and util >= c["busiest_utilization"]:
+                c["busiest_utilization"] = util
+                c["busiest_link"] = f"{link['src_name']}>{link['dst_name']}"
+        return [c for c in out.values() if c["bytes"] > 0]
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> float:
+    return float(sum(t.numel() * t.element_size() for t in tensors))
+
+
+@dataclass
+class Request:
+    trainer: int
+    seq: int  # this trainer's call number at this server
+    kind: str  # "pull", "push" or "done"
+    src: Place
+    send_s: float
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # table -> local ids
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)  # table -> gradient rows (push)
+    dense: dict[str, torch.Tensor | None] = field(default_factory=dict)  # name -> gradient (push) or None (pull)
+    summary: dict[str, Any] = field(default_factory=dict)  # what a trainer reports with done()
+
+    def nbytes(self) -> float:
+        return _nbytes([*self.rows.values(), *self.grads.values(), *(g for g in self.dense.values() if g is not None)])
+
+
+@dataclass
+class RpcRecord:
+    """One message and its reply, in modeled seconds."""
+
+    trainer: int
+    server: int
+    seq: int
+    kind: str
+    request_bytes: float
+    reply_bytes: float
+    send_s: float  # the trainer was ready to send
+    request_leaves_s: float  # its first byte left (links free)
+    arrival_s: float
+    start_s: float  # the server started serving it
+    finish_s: float
+    reply_leaves_s: float
+    reply_arrival_s: float
+
+
+@dataclass
+class Reply:
+    rows: dict[str, torch.Tensor]
+    dense: dict[str, torch.Tensor]
+    record: RpcRecord
+
+
+class ParameterServer:
+    """One parameter server: its shard of each table and its dense
+    parameters, on socket ``place.index`` of node ``place.node``."""
+
+    def __init__(self, index: int, place: Place, tables: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
+                 lr: float, trainers: int, schedule: str = "ordered", timeout_s: float = 120.0,
+                 platform: Platform | None = None) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got '{schedule}'")
+        if place.kind != "socket":
+            raise ValueError(f"a parameter server runs on a socket, got {place}")
+        if trainers < 1:
+            raise ValueError(f"a parameter server needs at least one trainer, got {trainers}")
+        self.platform = platform or current_platform()
+        self.index, self.place, self.lr, self.trainers = index, place.check(self.platform), lr, trainers
+        self.schedule, self.timeout_s = schedule, timeout_s
+        self.links = Links(self.platform)
+        with socket_scope(place.index):  # the shard lives in this socket's DDR
+            self.tables = {k: v.detach().clone() for k, v in tables.items()}
+            self.dense = {k: v.detach().clone() for k, v in dense.items()}
+        self._cv = threading.Condition()
+        self._turn = (0, 0)  # (call number, trainer) served next, ordered schedule
+        self._departed: set[int] = set()
+        self.busy_s = 0.0
+        self.served = 0
+        self.first_arrival_s: float | None = None
+        self.last_finish_s = 0.0
+        self.trainer_summaries: dict[int, dict[str, Any]] = {}
+
+    # -- the schedule ------------------------------------------------------
+    def _advance(self) -> None:
+        seq, t = self._turn
+        for _ in range(self.trainers):
+            t += 1
+            if t == self.trainers:
+                t, seq = 0, seq + 1
+            if t not in self._departed:
+                break
+        self._turn = (seq, t)
+
+    def _wait_turn(self, req: Request) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while self.schedule == "ordered" and self._turn != (req.seq, req.trainer):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"parameter server {self.index}: trainer {req.trainer}'s call {req.seq} waited "
+                    f"{self.timeout_s:g} s for its turn; the server waits for trainer {self._turn[1]}'s call "
+                    f"{self._turn[0]} (every trainer must call every server the same way until it calls done())")
+            self._cv.wait(left)
+
+    def done(self) -> bool:
+        with self._cv:
+            return len(self._departed) == self.trainers
+
+    def wait_done(self) -> None:
+        with self._cv:
+            if not self._cv.wait_for(lambda: len(self._departed) == self.trainers, timeout=self.timeout_s * 10):
+                missing = sorted(set(range(self.trainers)) - self._departed)
+                raise RuntimeError(f"parameter server {self.index}: trainers {missing} did not call done() in time")
+
+    # -- serving -----------------------------------------------------------
+    def handle(self, req: Request) -> Reply:
+        with self._cv:
+            self._wait_turn(req)
+            try:
+                return self._serve(req)
+            finally:
+                if req.kind == "done":
+                    self._departed.add(req.trainer)
+                if self.schedule == "ordered" and len(self._departed) < self.trainers:
+                    self._advance()  # to the next trainer still running
+                self._cv.notify_all()
+
+    def _serve(self, req: Request) -> Reply:
+        leaves, arrival = self.links.send(req.src, self.place, req.nbytes(), req.send_s)
+        _C.timeline.wait_until(arrival)
+        start = _C.device.host_time()
+        rows: dict[str, torch.Tensor] = {}
+        dense: dict[str, torch.Tensor] = {}
+        with torch.no_grad(), socket_scope(self.place.index):
+            if req.kind == "pull":
+                for name, ids in req.rows.items():
+                    rows[name] = self._table(name).index_select(0, ids)
+                for name in req.dense:
+                    dense[name] = self._param(name).clone()
+            elif req.kind == "push":
+                for name, ids in req.rows.items():
+                    # index_put_(accumulate=True)'s kernel, called directly: the
+                    # socket prices each kernel, and this one as a
+                    # read-modify-write of the rows it lands on (the public
+                    # index_put_ would be priced as a pass over the table).
+                    torch.ops.aten._index_put_impl_(self._table(name), (ids,), req.grads[name].mul(-self.lr), True)
+                for name, grad in req.dense.items():
+                    self._param(name).add_(grad, alpha=-self.lr)
+            elif req.kind == "done":
+                self.trainer_summaries[req.trainer] = dict(req.summary)
+            else:
+                raise ValueError(f"parameter server {self.index}: unknown request '{req.kind}' "
+                                 f"(allowed: pull, push, done)")
+        finish = _C.device.host_time()
+        reply_bytes = _nbytes([*rows.values(), *dense.values()])
+        reply_leaves, reply_arrival = self.links.send(self.place, req.src, reply_bytes, finish)
+        self.busy_s += finish - start
+        self.served += 1
+        self.first_arrival_s = arrival if self.first_arrival_s is None else min(self.first_arrival_s, arrival)
+        self.last_finish_s = max(self.last_finish_s, finish)
+        record = RpcRecord(req.trainer, self.index, req.seq, req.kind, req.nbytes(), reply_bytes, req.send_s, leaves,
+                           arrival, start, finish, reply_leaves, reply_arrival)
+        return Reply(rows, dense, record)
+
+    def _table(self, name: str) -> torch.Tensor:
+        if name not in self.tables:
+            raise KeyError(f"parameter server {self.index} has no table '{name}' (it has {sorted(self.tables)})")
+        return self.tables[name]
+
+    def _param(self, name: str) -> torch.Tensor:
+        if name not in self.dense:
+            raise KeyError(f"parameter server {self.index} has no dense parameter '{name}' "
+                           f"(it has {sorted(self.dense)})")
+        return self.dense[name]
+
+    def stats(self) -> dict[str, Any]:
+        """What this server did, in modeled seconds: served messages, busy
+        time and utilization, and its links' traffic by class."""
+        start = self.first_arrival_s or 0.0
+        elapsed = self.last_finish_s - start
+        return {"server": self.index, "place": str(self.place), "served": self.served, "busy_s": self.busy_s,
+                "elapsed_s": elapsed, "utilization": self.busy_s / elapsed if elapsed > 0 else 0.0,
+                "links": self.links.by_class(elapsed), "trainers": self.trainer_summaries}
+
+
+# The server of this process, for the functions RPC runs on it.
+_server: ParameterServer | None = None
+
+
+def _handle(req: Request) -> Reply:
+    if _server is None:
+        raise RuntimeError("this RPC worker is not a parameter server (start one with async_ps.serve)")
+    return _server.handle(req)
+
+
+def _stats() -> dict[str, Any]:
+    if _server is None:
+        raise RuntimeError("this RPC worker is not a parameter server")
+    _server.wait_done()
+    return _server.stats()
+
+
+def install(server: ParameterServer) -> None:
+    """Makes ``server`` the one this process's RPC worker serves; call it
+    before ``rpc.init_rpc``, so that no trainer's message finds none."""
+    global _server
+    _server = server
+
+
+def serve() -> dict[str, Any]:
+    """Serves the trainers' messages (RPC's threads call in) until every
+    trainer has called :meth:`Trainer.done`; returns :meth:`ParameterServer.stats`."""
+    if _server is None:
+        raise RuntimeError("no parameter server installed in this process (async_ps.install)")
+    _server.wait_done()
+    return _server.stats()
+
+
+def server_stats(server_name: str) -> dict[str, Any]:
+    """The stats of the parameter server running as RPC worker ``server_name``."""
+    import torch.distributed.rpc as rpc
+
+    return rpc.rpc_sync(server_name, _stats)
+
+
+class _Pending:
+    """Replies of one call to several servers."""
+
+    def __init__(self, trainer: "Trainer", futures: list[Any]) -> None:
+        self.trainer, self.futures, self.replies = trainer, futures, None
+
+    def wait(self) -> list[Reply]:
+        if self.replies is None:
+            self.replies = [f.wait() for f in self.futures]
+            self.trainer.records.extend(r.record for r in self.replies)
+            _C.timeline.wait_until(max(r.record.reply_arrival_s for r in self.replies))
+        return self.replies
+
+
+class Trainer:
+    """The trainer side: pulls rows and parameters from the servers (RPC
+    workers ``servers``, in order: server ``s`` holds rows ``r % S == s``)
+    and pushes gradients. ``dense_homes`` says which server holds each dense
+    parameter (:func:`dense_homes`). Tensors it returns live on ``device``."""
+
+    def __init__(self, index: int, place: Place, servers: Sequence[str], device: torch.device | str,
+                 dense_homes: dict[str, int] | None = None, timeout_s: float = 120.0) -> None:
+        if not servers:
+            raise ValueError("a trainer needs at least one parameter server")
+        self.index, self.place, self.servers = index, place, list(servers)
+        self.device = torch.device(device)
+        self.timeout_s = timeout_s
+        self.dense_server = dict(dense_homes or {})
+        for name, home in self.dense_server.items():
+            if not 0 <= home < len(self.servers):
+                raise ValueError(f"trainer {index}: dense parameter '{name}' on server {home}, but the servers "
+                                 f"are 0..{len(self.servers) - 1}")
+        self._seq = [0] * len(self.servers)
+        self._pushes: list[_Pending] = []
+        self.records: list[RpcRecord] = []
+
+    # -- the trainer's clock and payloads ----------------------------------
+    def ready_s(self) -> float:
+        """The trainer's clock once its device has computed what it sends."""
+        if self.device.type == "zion":
+            torch.zion.synchronize(self.device)
+        return _C.device.host_time()
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU copy of ``t`` to send: on zion its bytes are read in place,
+        the route to the server prices their move."""
+        t = t.detach()
+        if t.device.type == "zion":
+            t = _C.device.cpu_alias(t)
+        return t.contiguous().clone()
+
+    def _place_on_device(self, cpu: torch.Tensor) -> torch.Tensor:
+        """``cpu``'s values in a tensor on the trainer's device, written where
+        the message landed (the route priced the move)."""
+        if self.device.type != "zion":
+            return cpu.to(self.device)
+        out = torch.empty(cpu.shape, dtype=cpu.dtype, device=self.device)
+        _C.device.cpu_alias(out).copy_(cpu)
+        return out
+
+    def _write(self, target: torch.Tensor, cpu: torch.Tensor) -> None:
+        if target.shape != cpu.shape:
+            raise ValueError(f"trainer {self.index}: a pulled parameter of shape {tuple(cpu.shape)} does not fit "
+                             f"the tensor of shape {tuple(target.shape)} given for it")
+        with torch.no_grad():
+            (_C.device.cpu_alias(target) if target.device.type == "zion" else target).copy_(cpu)
+
+    def _call(self, server: int, kind: str, send_s: float, **parts: Any) -> Any:
+        import torch.distributed.rpc as rpc
+
+        req = Request(self.index, self._seq[server], kind, self.place, send_s, **parts)
+        self._seq[server] += 1
+        return rpc.rpc_async(self.servers[server], _handle, args=(req,), timeout=self.timeout_s)
+
+    def _shard(self, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per server: (positions in ``ids``, local row ids)."""
+        ids = self._host(ids).to(torch.int64)
+        n = len(self.servers)
+        out = []
+        for s in range(n):
+            pos = (ids % n == s).nonzero().flatten()
+            out.append((pos, ids.index_select(0, pos) // n))
+        return out
+
+    # -- the calls -----------------------------------------------------------
+    def pull(self, rows: dict[str, torch.Tensor] | None = None,
+             dense: Sequence[str] | dict[str, torch.Tensor] = ()
+             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Rows ``ids`` of each table (1-D global row ids; returns
+        ``len(ids) x dim``) and the dense parameters named, from every server,
+        one message each; waits for the replies. ``dense`` as
+        ``{name: tensor}`` writes each parameter into that tensor (of the
+        trainer's device, in place, where the message lands)."""
+        rows = rows or {}
+        send_s = self.ready_s()
+        shards = {name: self._shard(ids) for name, ids in rows.items()}
+        futures = []
+        for s in range(len(self.servers)):
+            part_rows = {name: shards[name][s][1] for name in rows}
+            part_dense = {name: None for name in dense if self._dense_home(name) == s}
+            futures.append(self._call(s, "pull", send_s, rows=part_rows, dense=part_dense))
+        replies = _Pending(self, futures).wait()
+        out_rows = {}
+        for name, ids in rows.items():
+            first = replies[0].rows[name]
+            full = torch.empty((ids.numel(), *first.shape[1:]), dtype=first.dtype)
+            for s, reply in enumerate(replies):
+                full.index_copy_(0, shards[name][s][0], reply.rows[name])
+            out_rows[name] = self._place_on_device(full)
+        out_dense = {}
+        for r in replies:
+            for name, value in r.dense.items():
+                if isinstance(dense, dict):
+                    self._write(dense[name], value)
+                    out_dense[name] = dense[name]
+                else:
+                    out_dense[name] = self._place_on_device(value)
+        return out_rows, out_dense
+
+    def push(self, rows: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+             dense: dict[str, torch.Tensor] | None = None) -> _Pending:
+        """Gradients of table rows (``{table: (ids, grads)}``, ids as given
+        to :meth:`pull`) and of dense parameters, one message per server.
+        Returns at once (the trainer goes on computing, as in Hogwild);
+        :meth:`done` waits for every push; ``.wait()`` waits for this one."""
+        rows, dense = rows or {}, dense or {}
+        send_s = self.ready_s()
+        shards = {name: self._shard(ids) for name, (ids, _) in rows.items()}
+        grads = {name: self._host(g) for name, (_, g) in rows.items()}
+        futures = []
+        for s in range(len(self.servers)):
+            part_rows = {name: shards[name][s][1] for name in rows}
+            part_grads = {name: grads[name].index_select(0, shards[name][s][0]) for name in rows}
+            part_dense = {name: self._host(g) for name, g in dense.items() if self._dense_home(name) == s}
+            futures.append(self._call(s, "push", send_s, rows=part_rows, grads=part_grads, dense=part_dense))
+        pending = _Pending(self, futures)
+        self._pushes.append(pending)
+        return pending
+
+    def done(self, summary: dict[str, Any] | None = None) -> None:
+        """Waits for every push, then tells every server this trainer is
+        finished (the ordered schedule then skips it); ``summary`` goes to
+        the servers' stats."""
+        for p in self._pushes:
+            p.wait()
+        self._pushes.clear()
+        send_s = self.ready_s()
+        futures = [self._call(s, "done", send_s, summary=summary or {}) for s in range(len(self.servers))]
+        _Pending(self, futures).wait()
+
+    def _dense_home(self, name: str) -> int:
+        if name not in self.dense_server:
+            raise KeyError(f"trainer {self.index}: '{name}' is not a dense parameter on the servers "
+                           f"(they hold {sorted(self.dense_server)})")
+        return self.dense_server[name]
+
+    def records_as_dicts(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.records]
+
+
+def dense_homes(sizes: dict[str, int], servers: int) -> dict[str, int]:
+    """A server for each dense parameter (``{name: bytes}``), balanced by
+    bytes: largest first, each to the server holding the fewest bytes so far
+    (ties to the lower index)."""
+    if servers < 1:
+        raise ValueError(f"dense_homes needs at least one server, got {servers}")
+    held = [0] * servers
+    homes = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        home = min(range(servers), key=lambda s: (held[s], s))
+        homes[name] = home
+        held[home] += sizes[name]
+    return homes
+
+
+def row_shard(table: torch.Tensor, server: int, servers: int) -> torch.Tensor:
+    """Server ``server``'s rows of ``table``: global rows ``r % servers == server``."""
+    return table[server::servers]
