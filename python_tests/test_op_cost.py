@@ -344,3 +344,22 @@ def test_the_composite_embedding_bag_backward_is_priced_by_its_results_layout(oa
     dense = oam.cost(sim.OpCall("aten::_embedding_bag_backward", [grad, indices, offsets], [T([1_000_000, 64])]))
     assert dense.work.bytes == 524288 + 1638400 + 16384 + 256_000_000
     assert dense.work.gathered_bytes == 2 * 204_800 * 64 * 4
+
+
+def test_index_add_and_index_put_touch_only_the_rows_they_land_on(oam: sim.OpCostModel) -> None:
+    # A parameter server's row update: table [1M, 64] fp32, 1000 rows of source (64000 elements), 1000 indices.
+    # streamed = index 8000 + source 256000 = 264000 bytes at 8e10 -> 3.3 us;
+    # gathered = read + write of 64000 landing elements = 512000 bytes at 2.5e10 -> 20.48 us.
+    table, index, source = T([1_000_000, 64]), T([1000], "int64"), T([1000, 64])
+    add_ = oam.cost(sim.OpCall("aten::index_add_", [table, index, source], [table]))
+    assert (add_.work.flops, add_.work.bytes, add_.work.gathered_bytes) == (64000, 264000, 512000)
+    assert add_.memory_time == approx(3.3e-6 + 20.48e-6)
+    # Out of place, the table is first copied into the result: + 2 x 256 MB streamed.
+    add = oam.cost(sim.OpCall("aten::index_add", [table, index, source], [table]))
+    assert add.work.bytes == 264000 + 512_000_000 and add.work.gathered_bytes == 512000
+    # index_put_ (self, indices..., values), as _index_put_impl_: the same rows' work.
+    put_ = oam.cost(sim.OpCall("aten::index_put_", [table, index, source], [table]))
+    assert (put_.work.bytes, put_.work.gathered_bytes) == (264000, 512000)
+    assert put_.memory_time == oam.cost(sim.OpCall("aten::_index_put_impl_", [table, index, source], [table])).memory_time
+    put = oam.cost(sim.OpCall("aten::index_put", [table, index, source], [table]))
+    assert put.work.bytes == 264000 + 512_000_000

@@ -290,16 +290,33 @@ OpWork advanced_index(const OpCall& call) {
                    sum_bytes(call.outputs));
 }
 
-// _index_put_impl_(self, indices..., values): each element of values lands in
-// self at an indexed position. Priced as accumulate=True, a read-modify-write
-// of each landing element (the backward of indexing, where a training step
-// meets this op, accumulates); values and the index tensors on the device
-// stream in.
+// _index_put_impl_ and index_put(self, indices..., values): each element of
+// values lands in self at an indexed position. Priced as accumulate=True, a
+// read-modify-write of each landing element (the backward of indexing, where
+// a training step meets this op, accumulates); values and the index tensors
+// on the device stream in. Out of place (index_put), self is first copied
+// into the result: one more pass.
 OpWork advanced_index_put(const OpCall& call) {
   if (call.inputs.size() < 2) bad_call(call, "inputs (self, indices..., values)");
   const TensorDesc& values = call.inputs.back();
-  return make_work(OpClass::kEmbeddingBag, static_cast<double>(values.numel()), sum_bytes(call.inputs, 1),
+  const double copied =
+      in_place(call.name) || call.outputs.empty() ? 0.0 : call.inputs[0].bytes() + call.outputs[0].bytes();
+  return make_work(OpClass::kEmbeddingBag, static_cast<double>(values.numel()), sum_bytes(call.inputs, 1) + copied,
                    2 * values.bytes());
+}
+
+// index_add(self, dim, index, source): each element of source lands on its
+// element of self, a read-modify-write at random rows (2 x source's elements
+// in self's dtype, gathered), one FLOP each; index and source stream in. Out
+// of place, self is first copied into the result: one more pass.
+OpWork index_accumulate(const OpCall& call) {
+  if (call.inputs.size() < 3 || call.outputs.empty()) bad_call(call, "inputs (self, index, source), outputs (result)");
+  const TensorDesc& self = call.inputs[0];
+  const TensorDesc& source = call.inputs[2];
+  const double landed = static_cast<double>(source.numel()) * self.element_size;
+  const double copied = in_place(call.name) ? 0.0 : self.bytes() + call.outputs[0].bytes();
+  return make_work(OpClass::kEmbeddingBag, static_cast<double>(source.numel()),
+                   call.inputs[1].bytes() + source.bytes() + copied, 2 * landed);
 }
 
 }  // namespace
@@ -334,7 +351,7 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
            "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
            "bitwise_xor", "bitwise_not", "where", "masked_fill", "sign", "floor", "ceil", "round", "trunc", "frac",
            "sin", "cos", "erf", "native_dropout", "native_dropout_backward", "nll_loss_backward", "scatter_add",
-           "index_add", "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_sqrt",
+           "_foreach_add", "_foreach_sub", "_foreach_mul", "_foreach_div", "_foreach_sqrt",
            "_foreach_neg"},
           elementwise(1));
   add_all({"addcmul", "addcdiv", "lerp", "_foreach_addcmul", "_foreach_addcdiv", "_foreach_lerp"},
@@ -347,7 +364,7 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
 
   // Data movement: bytes only.
   add_all({"clone", "_to_copy", "contiguous", "cat", "stack", "repeat", "flip", "roll", "constant_pad_nd", "gather",
-           "scatter", "index_put", "tril", "triu"},
+           "scatter", "tril", "triu"},
           elementwise(0));
   add_all({"fill_", "zero_"}, write_only(0));
   add_all({"uniform_", "normal_", "bernoulli_", "random_", "exponential_"}, write_only(1));
@@ -393,7 +410,8 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   add_all({"embedding_sparse_backward", "_embedding_bag_sparse_backward"}, embedding_sparse_backward);
   add("index_select", index_select);
   add("index.Tensor", advanced_index);
-  add("_index_put_impl_", advanced_index_put);
+  add_all({"_index_put_impl_", "index_put"}, advanced_index_put);
+  add("index_add", index_accumulate);
 
   for (auto& entry : fbgemm_op_formulas()) table.push_back(std::move(entry));
   return table;
