@@ -246,7 +246,7 @@ def _measure(config: BenchConfig, op: str, nbytes: int, buffers: tuple[Any, Any]
     slowest = torch.stack(every).amax(dim=0).tolist()
     return {"op": op, "bytes": nbytes, "time_s": record["time"], "host_s": slowest[0],
             "gloo_s": slowest[1] if gloo is not None else None,
-            "algorithm": record["algorithm"], "iters": iters, "warmup": warmup}
+            "algorithm": record["algorithm"], "protocol": record["protocol"], "iters": iters, "warmup": warmup}
 
 
 def worker(rank: int, config: BenchConfig, results: Any) -> None:
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
             footer(ops[ops.index(op) - 1])
         row = BenchRow(op, nproc, model.get("link_model", ""), r["bytes"], DTYPE, args.root, r["time_s"],
                        r["bytes"] / r["time_s"], r["bytes"] / r["time_s"] * sim.bus_bandwidth_factor(op, nproc),
-                       r["algorithm"], host_s=r["host_s"], iters=r["iters"], gloo_s=r["gloo_s"])
+                       r["algorithm"], r["protocol"] or "", host_s=r["host_s"], iters=r["iters"], gloo_s=r["gloo_s"])
         rows[op].append(row)
         if args.json:
             return
