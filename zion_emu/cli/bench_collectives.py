@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> None:
         "bench-collectives", help="run a collective through the zion torch.distributed backend, like nccl-tests",
         description="Spawn --nproc ranks, run collectives on zion tensors through the zion process group for "
                     "each size and print an nccl-tests-like table: the modeled time, algbw and busbw "
-                    "(GB/s = 1e9 bytes/s), and the host wall time per call (the emulation's own cost).")
+                    "(GB/s = 1e9 bytes/s), the algorithm (with NCCL's protocol, ring/LL, where NCCL's tuning "
+                    "model priced the call), and the host wall time per call (the emulation's own cost).")
     add_platform_arguments(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="ranks, one process each (default: one node's OAMs)")
