@@ -1,6 +1,7 @@
 """Reference machines against published nccl-tests all_reduce results, size by size.
 
-    python bench/calibration.py          # prints a markdown table per machine
+    python bench/calibration.py             # prints a markdown table per machine
+    python bench/calibration.py --channels  # also: the channels NCCL launches per size
 
 Published rows: bench/reference/nccl_tests_published.json (each with its source).
 Two models side by side: "before" is the topology model (collectives.nccl_tuner
@@ -22,6 +23,59 @@ REFERENCE = Path(__file__).resolve().parent / "reference" / "nccl_tests_publishe
 MIB = 1 << 20
 
 
+# What NCCL v2.21.5 launches once its tuner has chosen (src/enqueue.cc,
+# getChannnelThreadInfo): a ring or tree call starts from the communicator's
+# collective channels and drops one while nBytes < channels x threads x
+# threshold, down to 1; NVLS takes the communicator's NVLS channels.
+MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}  # device.h: NCCL_LL/LL128/SIMPLE_MAX_NTHREADS
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}  # comm.h: NCCL_*_THREAD_THRESHOLD; ring LL x nRanks (tuning.cc)
+MAX_CHANNELS = 32  # MAXCHANNELS
+NVLS_CHANNELS = 16  # src/transport/nvls.cc: NCCL_NVLS_NCHANNELS' default
+
+
+def coll_channels(graph_channels: int) -> int:
+    """The communicator's collective channels: ncclTopoPostset (src/graph/connect.cc)
+    doubles the search's min(ring, tree) channels, up to MAXCHANNELS."""
+    return min(MAX_CHANNELS, 2 * graph_channels)
+
+
+def launched_channels(algorithm: str, protocol: str, nbytes: int, ranks: int, channels: int) -> int:
+    """Channels NCCL launches for one call of (algorithm, protocol), from ``channels``
+    collective channels (ring Simple runs 512 threads: NVLink's bwIntra x channels is above PCI_BW)."""
+    if algorithm == "NVLS":
+        return NVLS_CHANNELS
+    per_channel = MAX_THREADS[protocol] * THREAD_THRESHOLD[protocol] * (ranks if (algorithm, protocol) == ("Ring", "LL")
+                                                                          else 1)
+    nc = channels
+    while nbytes < nc * per_channel and nc >= 2:
+        nc -= 1
+    return nc
+
+
+def _channels(name: str, ref: dict) -> None:
+    """Per size: NCCL's choice, the channels it launches and, for what it is worth,
+    ncclTopoGetAlgoTime's time at that many channels (bandwidth x launched /
+    collective channels, the scaling NCCL applies when a tuner plugin sets the
+    channels; NVLS is priced on its own graph, unscaled)."""
+    p = zion_emu.load_platform(name)
+    tuning = sim.NcclTuning(p.get("collectives.nccl_tuner.compute_capability"), 8,
+                            p.get("fabric.links_per_pair") * p.get("fabric.link_bandwidth_gb_per_s"),
+                            p.get("fabric.in_switch_reduction"))
+    channels = coll_channels(min(tuning.graph("Ring")[0], tuning.graph("Tree")[0]))
+    print(f"\n### {name}: channels NCCL launches ({channels} collective channels)\n")
+    print("| size (B) | published (us) | chosen | channels launched | NCCL's time at those channels (us) | error |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for row in ref["rows"]:
+        algo, proto, _ = tuning.choose("all_reduce", row["bytes"])
+        c = next(c for c in tuning.candidates("all_reduce", row["bytes"])
+                 if (c["algorithm"], c["protocol"]) == (algo, proto))
+        nc = launched_channels(algo, proto, row["bytes"], 8, channels)
+        scale = 1.0 if algo == "NVLS" else nc / channels
+        t = (c["latency"] + row["bytes"] / (c["bandwidth"] * scale)) * 1e6
+        print(f"| {row['bytes']} | {row['time_us']:.2f} | {algo}/{proto} | {nc} | {t:.2f} | "
+              f"{(t / row['time_us'] - 1) * 100:+.1f}% |")
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -39,6 +93,12 @@ def _summary(label: str, ratios: dict[int, float]) -> str:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--channels", action="store_true",
+                        help="also print, per size, the channels NCCL v2.21.5 launches for its choice")
+    args = parser.parse_args()
     published = json.loads(REFERENCE.read_text())
     for name, ref in published.items():
         after = zion_emu.load_platform(name)
@@ -62,6 +122,8 @@ def main() -> None:
         print()
         print(_summary("before", ratios_before))
         print(_summary("after", ratios_after))
+        if args.channels:
+            _channels(name, ref)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,32 @@ def test_h100_small_messages_within_30_percent_of_nccl_tests():
         assert modeled_us == pytest.approx(row["time_us"], rel=0.30), row
         checked += 1
     assert checked >= 10
+
+
+def _calibration_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "calibration.py"
+    spec = importlib.util.spec_from_file_location("calibration", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_channels_nccl_launches_worked_by_hand():
+    # NCCL v2.21.5: 12 search channels doubled to 24 collective channels; a
+    # ring or tree call drops a channel while bytes < channels x threads x
+    # threshold. Per channel: ring LL 512 x 8 x 8 ranks = 32,768 B; LL128
+    # 640 x 8 = 5,120; Simple 512 x 64 = 32,768; tree LL 512 x 8 = 4,096.
+    c = _calibration_script()
+    assert c.coll_channels(12) == 24 and c.coll_channels(20) == 32
+    assert c.launched_channels("Ring", "LL", 64 << 10, 8, 24) == 2  # 65,536 = 2 x 32,768
+    assert c.launched_channels("Ring", "LL", 768 << 10, 8, 24) == 24  # 786,432 = 24 x 32,768
+    assert c.launched_channels("Ring", "LL", (768 << 10) - 1, 8, 24) == 23
+    assert c.launched_channels("Ring", "LL", 64 << 10, 2, 24) == 8  # 2 ranks: 8,192 B per channel
+    assert c.launched_channels("Ring", "LL128", 64 << 10, 8, 24) == 12  # 12 x 5,120 = 61,440 <= 65,536 < 66,560
+    assert c.launched_channels("Ring", "Simple", 1 << 20, 8, 24) == 24
+    assert c.launched_channels("Ring", "Simple", 8, 8, 24) == 1
+    assert c.launched_channels("Tree", "LL", 64 << 10, 8, 24) == 16  # 16 x 4,096
+    assert c.launched_channels("NVLS", "Simple", 8, 8, 24) == 16  # NCCL_NVLS_NCHANNELS

@@ -179,3 +179,94 @@ def test_the_nccl_tests_table_names_algorithm_and_protocol(capsys: pytest.Captur
     (row,) = _json.loads(capsys.readouterr().out)
     assert (row["algorithm"], row["protocol"]) == ("in_switch", "Simple")
     assert row["time_us"] == approx(H100_CASES[3][3], rel=1e-6)
+
+
+# --- the protocol in the backend's records -------------------------------------
+
+
+def _world_of_eight_worker(rank: int, nprocs: int, store: str, name: str, cases: list) -> None:
+    """Ranks 0 and 4 of a world of 8 (the rest modeled, as `zion-emu run
+    --world-size 8 --ranks 0,4 --timing-only` runs it): each all_reduce is
+    priced for all 8 GPUs of the node, so the record names NCCL's choice for
+    8 ranks."""
+    import os
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import zion_emu.distributed as zd
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    me = (0, 4)[rank]
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=me, world_size=8,
+                            timeout=timedelta(seconds=60))
+    torch.zion.set_device(me)
+    assert zion_emu.current_platform().name == name
+    for size, algo, proto, time_us, _ in cases:
+        dist.all_reduce(torch.empty(size // 4, device="zion"))
+        r = zd.last_collective()
+        assert (r["op"], r["bytes"], r["devices"]) == ("all_reduce", size, list(range(8))), r
+        assert (r["algorithm"], r["protocol"]) == (MODEL_NAME[algo], proto), (size, r)
+        assert r["time"] * 1e6 == approx(time_us, rel=1e-9), (size, r)
+    # A forced algorithm is the topology model's: no protocol.
+    ring = dist.new_group(backend="zion", pg_options=zd.Options(algorithm="ring"))
+    dist.all_reduce(torch.empty(256, device="zion"), group=ring)
+    r = zd.last_collective(ring)
+    assert (r["algorithm"], r["protocol"]) == ("ring", None), r
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name,cases", [("hgx-a100", A100_CASES), ("hgx-h100", H100_CASES)])
+def test_last_collective_names_the_protocol_nccl_chose(name, cases, tmp_path, monkeypatch):
+    from processes import spawn
+
+    # Timing-only: floating-point tensors hold no bytes, so 1 GiB costs no memory.
+    monkeypatch.setenv("ZION_MODE", "timing")
+    monkeypatch.setenv("ZION_PRESENT_RANKS", "0,4")
+    monkeypatch.setenv("ZION_PLATFORM", name)
+    spawn(_world_of_eight_worker, 2, tmp_path, name, cases, timeout_s=120)
+
+
+# Two ranks of one node (n = 2): the channel graphs are the 8-rank ones (the
+# ring search does not depend on n; the tree's budget 2 x capacity allows
+# more, but its channels x speed must fit the capacity); ring steps 2(n-1) = 2,
+# ratio 2/2 = 1. Ring latencies: LL 6.6 + 2 x 0.6 = 7.8 us, LL128 14.0 + 2 x
+# 1.9 = 17.8, Simple 8.4 + 2 x 3.4 = 15.2.
+# A100: LL min(87.7, 120) = 87.7 GB/s, LL128 min(220.8, 240) = 220.8, Simple 240.
+#   64 KiB: LL 7.8 + 0.747 = 8.547 vs Simple 15.2 + 0.273 = 15.473.
+#   1 MiB: Simple 15.2 + 4.369 = 19.569 vs LL 7.8 + 11.956 = 19.756 vs LL128
+#   17.8 + 4.749 = 22.549; trees (factors LL .5, LL128 .6, Simple .5 at
+#   log2(16384) = 14) from 8.0 + 72.2, 16.5 + 20.4 and 56 + 19.0.
+# H100: LL min(141, 180) = 141, LL128 min(331.2, 440.4) = 331.2, Simple 360;
+#   NVLS 2 channels (one per GPU) of 60 GB/s (3 x 60 = 180 <= 370.8) x 5/6 = 100 GB/s.
+#   1 MiB: LL 7.8 + 7.437 = 15.237 vs Simple 15.2 + 2.913 = 18.113.
+#   4 MiB: Simple 15.2 + 11.651 = 26.851 vs LL128 17.8 + 12.664 = 30.464 vs
+#   LL 7.8 + 29.747 = 37.547 vs NVLS 25 + 41.943.
+TWO_RANK_CASES = {
+    "hgx-a100": [(64 * KIB, "ring/LL", us(7.8, 64 * KIB, 87.7)), (MIB, "ring/Simple", us(15.2, MIB, 240.0))],
+    "hgx-h100": [(MIB, "ring/LL", us(7.8, MIB, 141.0)), (4 * MIB, "ring/Simple", us(15.2, 4 * MIB, 360.0))],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("name", ["hgx-a100", "hgx-h100"])
+def test_bench_collectives_table_shows_the_protocol(name):
+    import json as _json
+
+    from processes import zion_emu_cli
+
+    (small, small_shown, small_us), (large, large_shown, large_us) = TWO_RANK_CASES[name]
+    args = ["bench-collectives", "--platform", name, "--nproc", "2", "--min-bytes", str(small), "--max-bytes",
+            str(large), "--step-factor", str(large // small), "--iters", "1", "--warmup", "0"]
+    table = zion_emu_cli(*args, timeout_s=180).stdout
+    rows = [line.split() for line in table.splitlines() if line.strip() and not line.startswith("#")]
+    # size, count, type, redop, root, time, algbw, busbw, algorithm, host, iters
+    assert [(int(r[0]), float(r[5]), r[8]) for r in rows] == [
+        (small, approx(small_us, abs=0.006), small_shown), (large, approx(large_us, abs=0.006), large_shown)]
+    js = _json.loads(zion_emu_cli(*args, "--json", timeout_s=180).stdout)
+    assert [(r["bytes"], f"{r['algorithm']}/{r['protocol']}") for r in js] == [(small, small_shown), (large, large_shown)]
+    assert [r["time_ns"] for r in js] == [approx(small_us * 1e3, abs=1e-3), approx(large_us * 1e3, abs=1e-3)]

@@ -191,3 +191,46 @@ def test_torch_zion_matmul_rejects_other_settings():
         torch.zion.matmul.allow_fp16 = True
     with pytest.raises(TypeError, match="True or False"):
         torch.zion.matmul.allow_tf32 = 1
+
+
+# --- the run report -----------------------------------------------------------
+
+_REPORT_SCRIPT = """
+import sys, torch
+if sys.argv[1] != "default":
+    torch.set_float32_matmul_precision(sys.argv[1])
+a = torch.ones(64, 64, device="zion")
+torch.mm(a, a)
+"""
+
+
+def _report_of(tmp_path: Path, platform: str, precision: str) -> tuple[dict, str]:
+    from processes import zion_emu_cli
+
+    script, out = tmp_path / "mm.py", tmp_path / f"report-{precision}.json"
+    script.write_text(_REPORT_SCRIPT)
+    done = zion_emu_cli("run", "--platform", platform, "--report", str(out), str(script), precision)
+    return json.loads(out.read_text()), done.stdout
+
+
+@pytest.mark.slow
+def test_the_run_report_says_which_precision_priced_float32_matmuls(tmp_path: Path):
+    doc, text = _report_of(tmp_path, "hgx-a100", "high")
+    assert doc["fp32_matmul_precision"] == [
+        {"op": "aten::mm", "requested": "tf32", "priced": "tf32", "fell_back": False, "ranks": [0]}]
+    assert "float32 matmuls        priced at tf32, as the settings asked (the last one: aten::mm)" in text
+    doc, text = _report_of(tmp_path, "hgx-a100", "default")  # "highest": fp32, as on CUDA
+    assert doc["fp32_matmul_precision"] == [
+        {"op": "aten::mm", "requested": "fp32", "priced": "fp32", "fell_back": False, "ranks": [0]}]
+    assert "priced at fp32, as the settings asked" in text
+    # The A100 preset without its tf32 peak falls back to fp32, and says so.
+    preset = json.loads((Path(zion_emu.__file__).parent / "platforms" / "hgx-a100.json").read_text())
+    del preset["oam"]["peak_flops"]["tf32"]
+    preset["name"] = "a100-without-tf32"
+    path = tmp_path / "no-tf32.json"
+    path.write_text(json.dumps(preset))
+    doc, text = _report_of(tmp_path, str(path), "high")
+    assert doc["fp32_matmul_precision"] == [
+        {"op": "aten::mm", "requested": "tf32", "priced": "fp32", "fell_back": True, "ranks": [0]}]
+    assert ("priced at fp32: the settings asked for tf32, which platform a100-without-tf32's OAM has no peak for"
+            in text)

@@ -118,3 +118,24 @@ def test_a_table_aligns_its_header_with_its_rows():
     ]
     nccl = Table(Column("size", 12), Column("algorithm", align="<"), gap="  ", header_prefix="# ")
     assert nccl.header() == ["#       size  algorithm"] and nccl.row(8, "ring") == "           8  ring"
+
+
+def test_the_float32_matmul_precision_merges_by_rank_and_is_left_out_when_none_was_priced():
+    snaps = two_ranks()
+    assert "fp32_matmul_precision" not in rep.merge(snaps).to_json()  # reports from before it read the same
+    snaps[0].fp32_matmul_precision = {"op": "aten::mm", "requested": "tf32", "priced": "fp32"}
+    snaps[1].fp32_matmul_precision = {"op": "aten::mm", "requested": "tf32", "priced": "fp32"}
+    extra = rank(2, 8.0, 2.0, 16, None)
+    extra.fp32_matmul_precision = {"op": "aten::addmm", "requested": "bf16", "priced": "bf16"}
+    merged = rep.merge([*snaps, extra])
+    assert merged.fp32_matmul_precision == [
+        {"op": "aten::mm", "requested": "tf32", "priced": "fp32", "fell_back": True, "ranks": [0, 1]},
+        {"op": "aten::addmm", "requested": "bf16", "priced": "bf16", "fell_back": False, "ranks": [2]}]
+    doc = json.loads(json.dumps(merged.to_json()))
+    assert list(doc)[-1] == "fp32_matmul_precision"
+    assert rep.RunReport.from_json(doc) == merged
+    assert rep.RankSnapshot.from_json(json.loads(json.dumps(extra.to_json()))) == extra
+    text = format_text(merged)
+    assert ("float32 matmuls        priced at fp32: the settings asked for tf32, which platform zion's OAM has no "
+            "peak for (the last one: aten::mm, rank(s) 0-1)") in text
+    assert "float32 matmuls        priced at bf16, as the settings asked (the last one: aten::addmm, rank(s) 2)" in text

@@ -215,8 +215,17 @@ def group_model(group: "dist.ProcessGroup | None" = None) -> dict[str, str]:
 
 def last_collective(group: "dist.ProcessGroup | None" = None) -> dict[str, Any]:
     """This rank's last communication in ``group``: op and call, bytes (nccl-tests
-    convention), devices (global ids), algorithm, start, end and time (modeled
-    seconds), the local device and its communication stream."""
+    convention), devices (global ids), algorithm, protocol, start, end and time
+    (modeled seconds), the local device and its communication stream.
+
+    ``protocol`` is NCCL's (``"LL"``, ``"LL128"`` or ``"Simple"``) when the
+    platform's model of NCCL's tuner priced the call, and then ``algorithm`` is
+    the one that tuner chose (``ring``, ``double_binary_tree``, ``in_switch``).
+    It is None when the topology model priced the call: the group forces an
+    algorithm or a link model other than ``fair``, the platform has the tuner
+    off (``collectives.nccl_tuner.enabled``) or a fabric other than an NVSwitch,
+    the ranks span nodes, or the op is one NCCL does not tune (all_to_all,
+    gather, scatter, send/recv)."""
     return backend(group).last_collective()
 
 

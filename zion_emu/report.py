@@ -156,6 +156,9 @@ class RankSnapshot:
     placeholders: list[dict[str, Any]] = field(default_factory=list)
     # The queries this process answered (zion_emu.inference), if it ran any.
     inference: InferenceSnapshot | None = field(default=None, metadata=_OMIT_NONE)
+    # How its last float32 matmul-class op or convolution was priced
+    # (torch.zion.last_matmul_precision(): op, requested, priced); None if none was.
+    fp32_matmul_precision: dict[str, str] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -247,6 +250,7 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         mode=_C.device.mode(),
         placeholders=list(_C.device.placeholder_reads()),
         inference=inference.snapshot(),
+        fp32_matmul_precision=_C.device.last_fp32_matmul_pricing(),
     )
 
 
@@ -408,6 +412,8 @@ class RunReport:
     # Inference queries over all ranks (zion_emu.inference), when any rank ran some.
     inference: InferenceSummary | None = field(default=None, metadata=_OMIT_NONE)
     world: WorldSummary | None = field(default=None, metadata=_OMIT_NONE)  # --world-size
+    # Which precision priced float32 matmuls: see fp32_matmul_precision(). Absent when none was priced.
+    fp32_matmul_precision: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -442,6 +448,25 @@ def _to_run_wall(device: DeviceSnapshot, rank_wall: float, wall: float) -> Break
     if device.breakdown is None:
         return None
     return replace(device.breakdown, host_s=device.breakdown.host_s + max(wall - rank_wall, 0.0))
+
+
+def fp32_matmul_precision(snaps: Iterable[RankSnapshot]) -> list[dict[str, Any]] | None:
+    """How the ranks' last float32 matmul-class op (or convolution) was priced,
+    one entry per distinct (op, requested, priced): ``requested`` is the
+    precision torch's settings asked for (fp32, tf32, bf16), ``priced`` the one
+    whose peak priced it, ``fell_back`` True where the platform's OAM has no
+    peak for the requested one and fp32 priced it instead; ``ranks`` lists the
+    ranks. None when no rank priced one."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for s in snaps:
+        p = s.fp32_matmul_precision
+        if p is None:
+            continue
+        key = (p["op"], p["requested"], p["priced"])
+        acc = out.setdefault(key, {"op": key[0], "requested": key[1], "priced": key[2],
+                                   "fell_back": key[1] != key[2], "ranks": []})
+        acc["ranks"].append(s.rank)
+    return list(out.values()) or None
 
 
 def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None = None, top: int = 10) -> RunReport:
@@ -517,6 +542,7 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         mode="timing" if any(s.mode == "timing" for s in snaps) else "real",
         placeholders=sorted(placeholders.values(), key=lambda r: -r["count"]),
         inference=_inference_summary(snaps),
+        fp32_matmul_precision=fp32_matmul_precision(snaps),
     )
 
 

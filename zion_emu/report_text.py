@@ -39,6 +39,20 @@ def _summary(report: RunReport) -> list[str]:
     return lines
 
 
+def _precision(report: RunReport) -> list[str]:
+    """Which precision priced float32 matmuls, from each rank's last one."""
+    lines = []
+    for p in report.fp32_matmul_precision or []:
+        ranks = "" if report.ranks == 1 else f", rank(s) {rank_ranges(p['ranks'])}"
+        if p["fell_back"]:
+            how = (f"fp32: the settings asked for {p['requested']}, which platform {report.platform}'s OAM has no "
+                   "peak for")
+        else:
+            how = f"{p['priced']}, as the settings asked"
+        lines.append(f"float32 matmuls        priced at {how} (the last one: {p['op']}{ranks})")
+    return lines
+
+
 def rank_ranges(ranks: list[int]) -> str:
     """``[0, 1, 2, 3, 8]`` as ``0-3, 8``."""
     parts: list[str] = []
@@ -159,7 +173,7 @@ def format_text(report: RunReport) -> str:
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
-    for section in (_summary, _world, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links,
+    for section in (_summary, _precision, _world, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links,
                     _top_ops, _guessed):
         lines += section(report)
     if report.cuda_compat_remapped:

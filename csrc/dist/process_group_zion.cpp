@@ -243,6 +243,7 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_
   r.bytes = p.request.bytes;
   r.devices = agreed.devices;
   r.algorithm = sim::algorithm_name(priced.algorithm);
+  r.protocol = priced.protocol;
   r.start = in.start;
   r.end = in.end;
   r.device = p.device;

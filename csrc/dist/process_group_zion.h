@@ -63,6 +63,12 @@ struct CommRecord {
   sim::Seconds end = 0;
   int device = 0;  // local device index (zion:N)
   int stream = 0;  // the communication stream on it
+  // NCCL's protocol ("LL", "LL128", "Simple") when the platform's NCCL tuning
+  // model priced the call, which then also chose `algorithm`; empty when the
+  // topology model priced it: an algorithm forced on the group, a link model
+  // other than fair, the tuner off or a fabric it does not cover, ranks on
+  // more than one node, all_to_all, gather/scatter, send/recv, one rank.
+  std::string protocol;
 };
 
 // This rank's end of a send or recv (point_to_point.cpp).

@@ -35,6 +35,7 @@ py::dict record_dict(const zion::dist::CommRecord& r) {
   d["time"] = r.end - r.start;
   d["device"] = r.device;
   d["stream"] = r.stream;
+  d["protocol"] = r.protocol.empty() ? py::object(py::none()) : py::object(py::str(r.protocol));
   return d;
 }
 
@@ -86,7 +87,8 @@ void bind_dist(py::module_& m) {
       .def_property_readonly("node", [](const ProcessGroupZion& pg) { return pg.placement().node; })
       .def_property_readonly("oam", [](const ProcessGroupZion& pg) { return pg.placement().oam; })
       .def("last_collective", [](const ProcessGroupZion& pg) { return record_dict(pg.last()); },
-           "The last communication of this rank: op, call, bytes, devices, algorithm, start, end, time (s), device, stream");
+           "The last communication of this rank: op, call, bytes, devices, algorithm, protocol (NCCL's, or None when "
+           "NCCL's tuning model did not price it), start, end, time (s), device, stream");
 
   m.def("counterparts",
         [](int size, const std::vector<int>& present) {

@@ -55,7 +55,8 @@ def add_parser(subparsers: Any) -> None:
         "bench-collectives", help="run a collective through the zion torch.distributed backend, like nccl-tests",
         description="Spawn --nproc ranks, run collectives on zion tensors through the zion process group for "
                     "each size and print an nccl-tests-like table: the modeled time, algbw and busbw "
-                    "(GB/s = 1e9 bytes/s), and the host wall time per call (the emulation's own cost).")
+                    "(GB/s = 1e9 bytes/s), the algorithm (with NCCL's protocol, ring/LL, where NCCL's tuning "
+                    "model priced the call), and the host wall time per call (the emulation's own cost).")
     add_platform_arguments(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="ranks, one process each (default: one node's OAMs)")
@@ -246,7 +247,7 @@ def _measure(config: BenchConfig, op: str, nbytes: int, buffers: tuple[Any, Any]
     slowest = torch.stack(every).amax(dim=0).tolist()
     return {"op": op, "bytes": nbytes, "time_s": record["time"], "host_s": slowest[0],
             "gloo_s": slowest[1] if gloo is not None else None,
-            "algorithm": record["algorithm"], "iters": iters, "warmup": warmup}
+            "algorithm": record["algorithm"], "protocol": record["protocol"], "iters": iters, "warmup": warmup}
 
 
 def worker(rank: int, config: BenchConfig, results: Any) -> None:
@@ -378,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
             footer(ops[ops.index(op) - 1])
         row = BenchRow(op, nproc, model.get("link_model", ""), r["bytes"], DTYPE, args.root, r["time_s"],
                        r["bytes"] / r["time_s"], r["bytes"] / r["time_s"] * sim.bus_bandwidth_factor(op, nproc),
-                       r["algorithm"], host_s=r["host_s"], iters=r["iters"], gloo_s=r["gloo_s"])
+                       r["algorithm"], r["protocol"] or "", host_s=r["host_s"], iters=r["iters"], gloo_s=r["gloo_s"])
         rows[op].append(row)
         if args.json:
             return

@@ -80,7 +80,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run", help="run a training script on the emulated platform and report modeled throughput",
         description="Runs SCRIPT on zion devices of the modeled platform (several ranks through torchrun) and prints "
-                    "the modeled wall time, time per iteration, samples/s and where the time goes.")
+                    "the modeled wall time, time per iteration, samples/s, the precision that priced float32 matmuls "
+                    "and where the time goes.")
     add_run_arguments(p)
     p.set_defaults(func=run)
 
