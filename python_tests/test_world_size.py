@@ -322,3 +322,24 @@ def test_torchrec_sharded_dlrm_in_a_world_of_4_run_by_ranks_0_and_2_is_priced_as
     assert four.world is None or four.world.ranks == [0, 1, 2, 3]
     assert two.iterations == four.iterations == 3
     assert two.iteration_s == pytest.approx(four.iteration_s, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.timeout(600)
+def test_torchrec_sharded_dlrm_on_128_ranks_of_zionex_runs_with_2_processes(tmp_path):
+    # ZionEX's published scale, 16 nodes of 8: torchrec's planner and DMP unchanged; the all-to-alls
+    # cross the NICs; the report names the world and its assumptions.
+    script = Path(__file__).resolve().parent.parent / "examples" / "torchrec_dlrm.py"
+    out = tmp_path / "wide.json"
+    r = zion_emu_cli("run", "--timing-only", "--platform", "zionex", "--world-size", "128", "--ranks", "0,64",
+                     "--report", str(out), str(script), "--device", "zion", "--iters", "3", timeout_s=400)
+    report = RunReport.from_json(json.loads(out.read_text()))
+    assert report.world is not None and report.world.world_size == 128 and report.world.ranks == [0, 64]
+    assert len(report.world.modeled_ranks) == 126 and report.iterations == 3 and report.iteration_s > 0
+    assert "128 ranks; 2 ran as processes (0, 64), 126 modeled without one (1-63, 65-127)" in r.stdout
+    assert "assumptions about the modeled ranks:" in r.stdout
+    nic = next(link for link in json.loads(out.read_text())["links"] if link["name"] == "nic")
+    assert nic["bytes"] > 0 and nic["transfers"] > 0
+    pooled = [line for line in r.stdout.splitlines() if line.startswith("pooled_all_to_all")]
+    assert pooled, r.stdout
