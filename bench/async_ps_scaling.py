@@ -94,7 +94,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write the rows as JSON")
     args = p.parse_args()
     sys.path.insert(0, str(ASYNC.parent))
-    from model import SHAPES
+    from ps_model import SHAPES
 
     per_trainer = SHAPES[args.shape].batch
     trainer_counts = [int(t) for t in args.trainers.split(",")]

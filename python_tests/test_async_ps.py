@@ -18,7 +18,7 @@ from processes import REPO, zion_emu_cli
 
 EXAMPLE = REPO / "examples" / "async_ps" / "train.py"
 sys.path.insert(0, str(EXAMPLE.parent))
-import model as ps_model  # noqa: E402
+import ps_model  # noqa: E402
 
 
 def _pcie_route(platform: zion_emu.Platform) -> tuple[float, float]:

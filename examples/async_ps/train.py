@@ -32,7 +32,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model import SHAPES, batch, init_dense, init_tables, loss_of, table_names, unique_rows  # noqa: E402
+from ps_model import SHAPES, batch, init_dense, init_tables, loss_of, table_names, unique_rows  # noqa: E402
 
 import zion_emu  # noqa: E402
 from zion_emu import async_ps  # noqa: E402
