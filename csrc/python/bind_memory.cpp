@@ -57,6 +57,32 @@ void bind_memory(py::module_& m) {
     if (stacks) torch::installCapturedTracebackPython();
     device::memory_history().configure(enabled, max_entries, stacks);
   }, py::arg("enabled"), py::arg("max_entries"), py::arg("stacks"));
+  mem.def("hbm_over_time", [](int device) {
+    const double now = device::initialized() ? device::runtime().timeline.host() : 0.0;
+    device::HbmSeries s = device::memory_history().hbm_series(static_cast<c10::DeviceIndex>(device), now);
+    std::vector<double> time_s;
+    std::vector<int64_t> max_bytes, end_bytes;
+    for (const auto& b : s.bins) {
+      time_s.push_back(b.time_s);
+      max_bytes.push_back(b.max_bytes);
+      end_bytes.push_back(b.end_bytes);
+    }
+    py::dict out;
+    out["bin_s"] = s.bin_s;
+    out["start_s"] = s.start_s;
+    out["start_bytes"] = s.start_bytes;
+    out["time_s"] = time_s;
+    out["max_bytes"] = max_bytes;
+    out["end_bytes"] = end_bytes;
+    out["peak_bytes"] = s.peak_bytes;
+    out["peak_s"] = s.peak_s;
+    out["current_bytes"] = s.current_bytes;
+    out["now_s"] = now;
+    return out;
+  }, py::arg("device"),
+     "Allocated HBM bytes of a device over the modeled host clock (always kept): bins of bin_s seconds, each "
+     "with its first event's time, the most allocated after any of its events and what was allocated after its "
+     "last; start_bytes were allocated at start_s (time zero or the last clock reset); peak_bytes first at peak_s");
   mem.def("snapshot", [] {
     std::vector<device::MemoryEvent> events = device::memory_history().events();
     std::vector<device::MemoryBlock> live = device::memory_history().live();
