@@ -285,14 +285,16 @@ def _byte_unit(max_bytes: float) -> tuple[float, str]:
     return next(((float(s), u) for s, u in _BYTE_SCALES if max_bytes >= s), (1.0, "B"))
 
 
-def _hbm_chart(series: Sequence[tuple[str, HbmOverTime]], title: str) -> str:
+def _hbm_chart(series: Sequence[tuple[str, HbmOverTime]], title: str, steps: Sequence[float] = ()) -> str:
     """Allocated HBM over modeled time, a line per (name, series), each with
-    its peak marked and labeled."""
+    its peak marked and labeled; ``steps``, the optimizer steps, dotted."""
     end = max((max(h.end_s, h.time_s[-1] if h.time_s else 0.0) for _, h in series), default=0.0)
     scale, unit = _time_unit(end)
     bscale, bunit = _byte_unit(max((h.peak_bytes for _, h in series), default=0))
     fig = _figure(10, 3.6)
     ax = fig.subplots()
+    for t in steps:
+        ax.axvline(t * scale, color="#999999", linewidth=0.6, linestyle=":")
     for name, h in series:
         x, y = h.steps()
         (line,) = ax.plot(np.asarray(x) * scale, np.asarray(y) / bscale, linewidth=1.0, label=name)
@@ -567,7 +569,9 @@ def run_html(report: RunReport, snapshots: Sequence[RankSnapshot] = (), command:
         hbm = _hbm_series(report)
         if hbm:
             bins = max(h.bin_s for _, h in hbm)
-            charts += _chart("chart-hbm", _hbm_chart(hbm, "allocated HBM over modeled time (▼: each device's peak)"),
+            title = "allocated HBM over modeled time (▼: each device's peak" + ("; dotted: optimizer steps)" if steps
+                                                                               else ")")
+            charts += _chart("chart-hbm", _hbm_chart(hbm, title, steps),
                              "Each device's allocated HBM bytes at every allocation and free, on the modeled host "
                              "clock" + ("" if bins <= 1e-9 else
                                         f"; events within {format_time(bins)} of each other are merged, keeping "
