@@ -220,7 +220,10 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
 # Memory, as torch.cuda reports it.
 def memory_stats(device: Any = None) -> dict[str, int]:
     """torch.cuda.memory_stats' keys (from the same allocator statistics
-    torch.accelerator reads), plus ``capacity_bytes``: the device's HBM; and
+    torch.accelerator reads; ``small_pool`` counts the requests of up to
+    1 MiB, ``large_pool`` the larger, as CUDA's caching allocator would
+    serve them, and the two add up to ``all``), plus ``capacity_bytes``: the
+    device's HBM; and
     beside it the DDR of every CPU socket (pinned memory and tensors placed
     by zion_emu.socket): ``ddr.socket_<i>.{in_use,peak,capacity}_bytes``."""
     index = _index(device)
