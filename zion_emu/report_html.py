@@ -295,10 +295,14 @@ def _hbm_chart(series: Sequence[tuple[str, HbmOverTime]], title: str, steps: Seq
     ax = fig.subplots()
     for t in steps:
         ax.axvline(t * scale, color="#999999", linewidth=0.6, linestyle=":")
-    for name, h in series:
+    # Past 8 lines only the highest peak is labeled (every peak is marked).
+    highest = max(range(len(series)), key=lambda i: series[i][1].peak_bytes, default=0)
+    for i, (name, h) in enumerate(series):
         x, y = h.steps()
         (line,) = ax.plot(np.asarray(x) * scale, np.asarray(y) / bscale, linewidth=1.0, label=name)
         ax.plot([h.peak_s * scale], [h.peak_bytes / bscale], marker="v", markersize=7, color=line.get_color())
+        if len(series) > 8 and i != highest:
+            continue
         ax.annotate(f" peak {format_bytes(h.peak_bytes)} at {format_time(h.peak_s)}",
                     (h.peak_s * scale, h.peak_bytes / bscale), fontsize=8, color=line.get_color(),
                     xytext=(0, 4), textcoords="offset points")
