@@ -308,6 +308,8 @@ def test_memory_statistics(compat):
         summary = torch.cuda.memory_summary("cuda:6")
         assert summary == torch.zion.memory_summary(6) and "PyTorch zion memory summary, device ID 6" in summary
         assert torch.cuda.memory_summary(6, abbreviated=True) == torch.zion.memory_summary(6, abbreviated=True)
+        import torch.cuda.memory
+        assert torch.cuda.memory.memory_summary(6) == summary
         assert "| Allocated memory      |" in summary and "from small pool" in summary
         stats = torch.cuda.memory_stats("cuda:6")
         assert stats == torch.zion.memory_stats(6) and stats["capacity_bytes"] == {hbm}
