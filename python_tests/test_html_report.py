@@ -537,6 +537,7 @@ def test_a_long_hbm_series_merges_bins_keeping_each_ones_most_and_its_exact_peak
     got = json.loads(done.stdout.strip().splitlines()[-1])
     events, s = got["events"], got["series"]
     # 3000 events over ~0.4 s in at most 1024 bins: the width doubled from 1 ns.
+    assert (rep.HbmOverTime.MAX_BINS, rep.HbmOverTime.FIRST_BIN_S) == (1024, 1e-9)
     assert 1 < len(s["time_s"]) <= 1024 and s["bin_s"] > 1e-9
     assert np.log2(s["bin_s"] / 1e-9) == int(np.log2(s["bin_s"] / 1e-9))
     # The bins are the events grouped by their interval of the final width, replayed here.

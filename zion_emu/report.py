@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
 import torch
 
@@ -68,7 +68,12 @@ class HbmOverTime:
     events (``max_bytes``: nothing exceeds it until the next bin) and what
     was allocated after its last (``end_bytes``); that holds until ``end_s``,
     when the snapshot was taken. ``peak_bytes`` is first reached at
-    ``peak_s``. While events are over a nanosecond apart each is its own bin."""
+    ``peak_s``. The bins begin ``FIRST_BIN_S`` (1 ns) wide, so events further
+    apart are each their own bin; past ``MAX_BINS`` the width doubles and
+    neighbours merge."""
+
+    FIRST_BIN_S: ClassVar[float] = _C.memory.HBM_FIRST_BIN_S
+    MAX_BINS: ClassVar[int] = _C.memory.HBM_MAX_BINS
 
     bin_s: float
     start_s: float
@@ -90,6 +95,11 @@ class HbmOverTime:
         return cls(bin_s=s["bin_s"], start_s=s["start_s"], start_bytes=s["start_bytes"], time_s=list(s["time_s"]),
                    max_bytes=list(s["max_bytes"]), end_bytes=list(s["end_bytes"]), peak_bytes=s["peak_bytes"],
                    peak_s=s["peak_s"], end_s=s["now_s"])
+
+    @property
+    def merged(self) -> bool:
+        """Whether some events closer than ``bin_s`` share a bin."""
+        return self.bin_s > self.FIRST_BIN_S
 
     def steps(self) -> tuple[list[float], list[int]]:
         """The series as a polyline: at each bin's time a rise (or fall) from

@@ -572,14 +572,14 @@ def run_html(report: RunReport, snapshots: Sequence[RankSnapshot] = (), command:
                          "Busy time by activity (activities can overlap) and peak HBM.")
         hbm = _hbm_series(report)
         if hbm:
-            bins = max(h.bin_s for _, h in hbm)
+            merged = [h.bin_s for _, h in hbm if h.merged]
             title = "allocated HBM over modeled time (▼: each device's peak" + ("; dotted: optimizer steps)" if steps
                                                                                else ")")
             charts += _chart("chart-hbm", _hbm_chart(hbm, title, steps),
                              "Each device's allocated HBM bytes at every allocation and free, on the modeled host "
-                             "clock" + ("" if bins <= 1e-9 else
-                                        f"; events within {format_time(bins)} of each other are merged, keeping "
-                                        "the most allocated") + ". The peak is the highest since the clock began; "
+                             "clock" + (f"; events within {format_time(max(merged))} of each other are merged, "
+                                        "keeping the most allocated" if merged else "") +
+                             ". The peak is the highest since the clock began; "
                              "the devices table's peak HBM is since the last reset_peak_memory_stats.")
         i = [s[0] for s in sections].index("devices")
         sections[i] = ("devices", "Devices", charts + sections[i][2])

@@ -57,6 +57,8 @@ void bind_memory(py::module_& m) {
     if (stacks) torch::installCapturedTracebackPython();
     device::memory_history().configure(enabled, max_entries, stacks);
   }, py::arg("enabled"), py::arg("max_entries"), py::arg("stacks"));
+  mem.attr("HBM_FIRST_BIN_S") = device::HbmSeries::kFirstBinS;
+  mem.attr("HBM_MAX_BINS") = device::HbmSeries::kMaxBins;
   mem.def("hbm_over_time", [](int device) {
     const double now = device::initialized() ? device::runtime().timeline.host() : 0.0;
     device::HbmSeries s = device::memory_history().hbm_series(static_cast<c10::DeviceIndex>(device), now);
@@ -134,7 +136,7 @@ void bind_memory(py::module_& m) {
       seg["active_size"] = b.nbytes;
       seg["requested_size"] = b.nbytes;
       seg["stream"] = 0;
-      seg["segment_type"] = b.nbytes > (size_t{1} << 20) ? "large" : "small";
+      seg["segment_type"] = b.nbytes > device::kSmallPoolMaxBytes ? "large" : "small";
       seg["segment_pool_id"] = py::make_tuple(0, 0);
       seg["is_expandable"] = false;
       seg["frames"] = f;

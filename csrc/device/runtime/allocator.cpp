@@ -26,13 +26,11 @@ namespace {
 using c10::CachingAllocator::StatType;
 constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
 
-// The pool torch.cuda's caching allocator would serve a request from: up to
-// 1 MiB (its kSmallSize) the small pool, above it the large pool. zion has
-// one pool per OAM; its statistics split by this rule beside the aggregate,
-// so memory_stats' small_pool and large_pool keys add up to its all keys.
-constexpr size_t kSmallSize = size_t{1} << 20;
+// The pool torch.cuda's caching allocator would serve a request from (see
+// kSmallPoolMaxBytes); the statistics split by it beside the aggregate, so
+// memory_stats' small_pool and large_pool keys add up to its all keys.
 size_t pool_of(size_t nbytes) {
-  return static_cast<size_t>(nbytes <= kSmallSize ? StatType::SMALL_POOL : StatType::LARGE_POOL);
+  return static_cast<size_t>(nbytes <= kSmallPoolMaxBytes ? StatType::SMALL_POOL : StatType::LARGE_POOL);
 }
 
 // What the deleter needs to give the bytes back to their pool.

@@ -21,6 +21,12 @@ struct CapturedTraceback;
 
 namespace zion::device {
 
+// torch.cuda's caching allocator serves requests of up to 1 MiB (its
+// kSmallSize) from its small pool and larger ones from its large pool. zion
+// has one pool per OAM; its statistics (the allocator) and its snapshots'
+// segment types split by this rule, as CUDA's would.
+constexpr size_t kSmallPoolMaxBytes = size_t{1} << 20;
+
 struct MemoryEvent {
   enum class Action { kAlloc, kFree, kOom };
   Action action;
