@@ -304,7 +304,16 @@ def test_memory_statistics(compat):
         assert torch.cuda.memory_allocated(6) == base and torch.cuda.max_memory_allocated(6) == base + (1 << 20)
         torch.cuda.reset_peak_memory_stats(6)
         assert torch.cuda.max_memory_allocated(6) == base
-        assert "zion:6" in torch.cuda.memory_summary(6)
+        # torch.cuda's table and keys, zion's figures.
+        summary = torch.cuda.memory_summary("cuda:6")
+        assert summary == torch.zion.memory_summary(6) and "PyTorch zion memory summary, device ID 6" in summary
+        assert torch.cuda.memory_summary(6, abbreviated=True) == torch.zion.memory_summary(6, abbreviated=True)
+        import torch.cuda.memory
+        assert torch.cuda.memory.memory_summary(6) == summary
+        assert "| Allocated memory      |" in summary and "from small pool" in summary
+        stats = torch.cuda.memory_stats("cuda:6")
+        assert stats == torch.zion.memory_stats(6) and stats["capacity_bytes"] == {hbm}
+        assert stats["allocated_bytes.all.peak"] == stats["allocated_bytes.all.current"] == base  # peak reset
     """)
 
 

@@ -73,9 +73,10 @@ def test_torch_accelerator_memory_functions_read_the_hbm_pool():
     assert (free, total) == torch.zion.mem_get_info(index) == (32 * GIB - base, 32 * GIB)
 
 
-def test_memory_summary_names_device_pool_and_capacity():
+def test_memory_summary_is_torch_cudas_table_for_the_device():
     summary = torch.zion.memory_summary("zion:6")
-    assert "zion:6" in summary and "HBM" in summary and "32.000 GiB" in summary
+    assert "PyTorch zion memory summary, device ID 6" in summary and "| Allocated memory      |" in summary
+    assert summary == torch.zion.memory_summary(torch.device("zion", 6))  # test_memory_summary.py: the figures
 
 
 # Streams and events

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from processes import child_env, started, zion_emu_cli
+from processes import child_env, run_python, started, zion_emu_cli
 from zion_emu import report as rep
 from zion_emu import report_html
 from zion_emu._format import format_time
@@ -379,8 +379,12 @@ def test_run_html_is_one_self_contained_page_with_every_chart(browser: Any, tmp_
     # The report's figures, as the text report writes them.
     assert format_time(report["iteration_s"]) in page and "zion:1" in page and "fabric" in page
     assert "Assumptions and placeholders" not in page  # this report has none
-    assert_renders(browser(out), {"chart-iterations", "chart-utilization", "chart-devices", "chart-links",
-                                  "chart-top-ops"})
+    assert_renders(browser(out), {"chart-iterations", "chart-utilization", "chart-devices", "chart-hbm",
+                                  "chart-links", "chart-top-ops"})
+    # The HBM chart's series: both devices, each peak the most its series reached.
+    for d in report["devices"]:
+        h = d["hbm_over_time"]
+        assert h["time_s"] and h["peak_bytes"] == max(h["max_bytes"]) == d["peak_hbm_bytes"] > 0
 
 
 ONE_DEVICE_SCRIPT = """
@@ -413,7 +417,7 @@ def test_sweep_html_compares_the_variants_and_marks_the_fastest(browser: Any, tm
     assert "oam.launch_overhead_ns=5000" in page and "Fastest: oam.launch_overhead_ns=1000" in page
     assert page.count("<details>") == 2
     assert external_references(page) == [] and "http://" not in page and "https://" not in page
-    assert_renders(browser(out), {"chart-sweep-time", "chart-sweep-breakdown"})
+    assert_renders(browser(out), {"chart-sweep-time", "chart-sweep-breakdown", "chart-sweep-hbm"})
 
 
 def test_html_to_a_directory_or_a_missing_folder_is_refused_before_anything_runs(tmp_path: Path):
@@ -441,3 +445,112 @@ def test_a_sweep_without_steps_in_every_variant_ranks_by_wall_time_and_marks_eve
     assert "chart-sweep-breakdown" not in page  # no spans, no breakdowns
     with pytest.raises(ValueError, match="at least one variant"):
         report_html.sweep_html([])
+
+
+# -- HBM over modeled time -----------------------------------------------------
+
+MIB = 1 << 20
+T = 2.0 ** -10  # the tick of the hand-worked script (~0.98 ms): sums of it are exact
+
+# Allocations and frees at known modeled times, from a clock reset to zero.
+HBM_SCRIPT = """
+import torch
+import zion_emu
+from zion_emu import _C
+
+zion_emu.reset_clock()
+tick = lambda: _C.timeline.advance_host(2.0 ** -10)
+tick(); a = torch.empty(MIB // 4, device="zion")      # T: 1 MiB
+tick(); b = torch.empty(3 * MIB // 4, device="zion")  # 2T: 4 MiB, the peak
+tick(); del a                                         # 3T: 3 MiB
+tick(); c = torch.empty(MIB // 8, device="zion")      # 4T: 3.5 MiB
+tick(); del b, c                                      # 5T: 0.5 MiB, then none
+tick()                                                # the run ends at 6T
+""".replace("MIB", str(MIB))
+
+
+def test_hbm_series_steps_are_each_bins_rise_to_its_most_then_its_end_level():
+    h = rep.HbmOverTime(bin_s=1e-9, start_s=0.0, start_bytes=2, time_s=[1.0, 3.0], max_bytes=[7, 9],
+                        end_bytes=[5, 0], peak_bytes=9, peak_s=3.0, end_s=4.0)
+    assert h.steps() == ([0.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 4.0], [2, 2, 7, 5, 5, 9, 0, 0])
+    empty = rep.HbmOverTime(1e-9, 0.5, 3, [], [], [], 3, 0.5, 2.0)
+    assert empty.steps() == ([0.5, 2.0], [3, 3])
+    # Reports written before the series was kept read as before; the series survives a round trip.
+    d = rep.DeviceSnapshot(0, 0.0, {}, 0.0, 0.0, 0.0, 1, 0, 9, 32 << 30, hbm_over_time=h)
+    assert rep.DeviceSnapshot.from_json(rep._json(d)) == d
+    old = {k: v for k, v in rep._json(d).items() if k != "hbm_over_time"}
+    assert rep.DeviceSnapshot.from_json(old).hbm_over_time is None
+
+
+@pytest.mark.slow
+def test_a_runs_hbm_series_is_its_allocations_and_frees_at_their_modeled_times(browser: Any, tmp_path: Path):
+    script = tmp_path / "hbm.py"
+    script.write_text(HBM_SCRIPT)
+    out, js = tmp_path / "hbm.html", tmp_path / "hbm.json"
+    zion_emu_cli("run", "--quiet-report", "--html", str(out), "--report", str(js), str(script), timeout_s=120)
+    report = json.loads(js.read_text())
+    assert [d["device"] for d in report["devices"]] == [0]
+    h = report["devices"][0]["hbm_over_time"]
+    # One bin per event time (1 ns bins), the two frees at 5T in one: 0.5 MiB after the first, none after both.
+    assert h == {"bin_s": 1e-9, "start_s": 0.0, "start_bytes": 0, "time_s": [T, 2 * T, 3 * T, 4 * T, 5 * T],
+                 "max_bytes": [MIB, 4 * MIB, 3 * MIB, 3 * MIB + MIB // 2, MIB // 2],
+                 "end_bytes": [MIB, 4 * MIB, 3 * MIB, 3 * MIB + MIB // 2, 0],
+                 "peak_bytes": 4 * MIB, "peak_s": 2 * T, "end_s": 6 * T}
+    assert report["devices"][0]["peak_hbm_bytes"] == 4 * MIB and report["wall_s"] == 6 * T
+    x, y = rep.HbmOverTime.from_json(h).steps()
+    assert list(zip(x, y)) == [(0.0, 0), (T, 0), (T, MIB), (T, MIB), (2 * T, MIB), (2 * T, 4 * MIB),
+                               (2 * T, 4 * MIB), (3 * T, 4 * MIB), (3 * T, 3 * MIB), (3 * T, 3 * MIB),
+                               (4 * T, 3 * MIB), (4 * T, 3.5 * MIB), (4 * T, 3.5 * MIB), (5 * T, 3.5 * MIB),
+                               (5 * T, MIB // 2), (5 * T, 0), (6 * T, 0)]
+    page = out.read_text()
+    assert 'id="chart-hbm"' in page and "events within" not in page  # every event its own bin
+    # No op ran: no spans, no top work; the device's charts.
+    assert_renders(browser(out), {"chart-devices", "chart-hbm"})
+
+
+COARSE_SCRIPT = """
+import json, random
+import torch
+import zion_emu
+from zion_emu import _C
+
+zion_emu.reset_clock()
+rng = random.Random(0)
+live, events, level = [], [], 0
+for _ in range(3000):
+    _C.timeline.advance_host(rng.choice([2.0 ** -30, 2.0 ** -20, 2.0 ** -12]))
+    if live and rng.random() < 0.45:
+        t = live.pop(rng.randrange(len(live)))
+        level -= t.numel() * 4
+        del t
+    else:
+        n = rng.randrange(1, 64) * 256
+        live.append(torch.empty(n // 4, device="zion:2"))
+        level += n
+    events.append((_C.device.host_time(), level))
+print(json.dumps({"events": events, "series": _C.memory.hbm_over_time(2)}))
+"""
+
+
+def test_a_long_hbm_series_merges_bins_keeping_each_ones_most_and_its_exact_peak():
+    done = run_python(COARSE_SCRIPT, timeout_s=120)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    events, s = got["events"], got["series"]
+    # 3000 events over ~0.4 s in at most 1024 bins: the width doubled from 1 ns.
+    assert (rep.HbmOverTime.MAX_BINS, rep.HbmOverTime.FIRST_BIN_S) == (1024, 1e-9)
+    assert 1 < len(s["time_s"]) <= 1024 and s["bin_s"] > 1e-9
+    assert np.log2(s["bin_s"] / 1e-9) == int(np.log2(s["bin_s"] / 1e-9))
+    # The bins are the events grouped by their interval of the final width, replayed here.
+    want: list[list[float]] = []
+    for t, level in events:
+        if want and np.floor(want[-1][0] / s["bin_s"]) == np.floor(t / s["bin_s"]):
+            want[-1][1] = max(want[-1][1], level)
+            want[-1][2] = level
+        else:
+            want.append([t, level, level])
+    assert [w[0] for w in want] == s["time_s"]
+    assert [w[1] for w in want] == s["max_bytes"] and [w[2] for w in want] == s["end_bytes"]
+    peak = max(level for _, level in events)
+    assert s["peak_bytes"] == peak == max(s["max_bytes"])
+    assert s["peak_s"] == next(t for t, level in events if level == peak)
+    assert s["current_bytes"] == events[-1][1]

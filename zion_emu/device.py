@@ -220,7 +220,10 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
 # Memory, as torch.cuda reports it.
 def memory_stats(device: Any = None) -> dict[str, int]:
     """torch.cuda.memory_stats' keys (from the same allocator statistics
-    torch.accelerator reads), plus ``capacity_bytes``: the device's HBM; and
+    torch.accelerator reads; ``small_pool`` counts the requests of up to
+    1 MiB, ``large_pool`` the larger, as CUDA's caching allocator would
+    serve them, and the two add up to ``all``), plus ``capacity_bytes``: the
+    device's HBM; and
     beside it the DDR of every CPU socket (pinned memory and tensors placed
     by zion_emu.socket): ``ddr.socket_<i>.{in_use,peak,capacity}_bytes``."""
     index = _index(device)
@@ -266,18 +269,69 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return raw["capacity"] - raw["allocated_bytes"]["current"], raw["capacity"]
 
 
+# The rows of torch.cuda.memory_summary's table, in its order: the stat key,
+# the row's name and whether it counts bytes (else allocations).
+_SUMMARY_ROWS = (
+    ("allocated_bytes", "Allocated memory", True), ("active_bytes", "Active memory", True),
+    ("requested_bytes", "Requested memory", True), ("reserved_bytes", "GPU reserved memory", True),
+    ("inactive_split_bytes", "Non-releasable memory", True), ("allocation", "Allocations", False),
+    ("active", "Active allocs", False), ("segment", "GPU reserved segments", False),
+    ("inactive_split", "Non-releasable allocs", False))
+_SUMMARY_OVERSIZE = (("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments"))
+
+
+def _summary_size(size: int, scale_by: float) -> str:
+    """Bytes as torch.cuda.memory_summary prints them: the unit is the largest
+    that leaves the row's first value (``scale_by``) at 768 or more of it."""
+    unit = "B  "
+    for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if scale_by < 768 * 1024:
+            break
+        unit, size, scale_by = next_unit, size // 1024, scale_by / 1024
+    return f"{size:6d} {unit}"
+
+
+def _summary_count(count: int, scale_by: float) -> str:
+    unit = " "
+    for next_unit in ("K", "M"):
+        if scale_by < 750 * 1000:
+            break
+        unit, count, scale_by = next_unit, count // 1000, scale_by / 1000
+    return f"{count:7d} {unit} "
+
+
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """torch.cuda.memory_summary's table for a zion device, from
+    :func:`memory_stats`: allocated, active, requested and reserved memory
+    and the allocation counts, each current, at its peak, and allocated and
+    freed in total; unless ``abbreviated``, split into the pool CUDA would
+    serve them from (the small pool up to 1 MiB, the large above). The HBM
+    pools cache nothing, so reserved equals allocated, every allocation is
+    its own segment and nothing is non-releasable."""
     index = _index(device)
-    s = memory_stats(index)
-    gib = 1 << 30
-    lines = [
-        f"zion:{index} memory ({_native.platform_name()}, HBM pool; backing is host memory)",
-        f"  allocated: {s['allocated_bytes.all.current'] / gib:10.3f} GiB   peak {s['allocated_bytes.all.peak'] / gib:10.3f} GiB",
-        f"  reserved:  {s['reserved_bytes.all.current'] / gib:10.3f} GiB   (no caching: equals allocated)",
-        f"  capacity:  {s['capacity_bytes'] / gib:10.3f} GiB   allocations live: {s['allocation.all.current']}",
-        f"  out-of-memory errors: {s['num_ooms']}",
-    ]
-    return "\n".join(lines)
+    stats = memory_stats(index)
+    width = 75
+    lines = ["=" * width, f" {'':16} PyTorch zion memory summary, device ID {index:<17d} ", "-" * width,
+             f"  {'':9} zion OOMs: {stats['num_ooms']:<12d} | {'':6} zion alloc retries: "
+             f"{stats['num_alloc_retries']:<8d}  ",
+             "=" * width, "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    pools = [("all", None)] if abbreviated else \
+        [("all", None), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+    for key, name, is_bytes in _SUMMARY_ROWS:
+        fmt = _summary_size if is_bytes else _summary_count
+        lines.append("-" * width)
+        # Every row of a metric takes its unit from the metric's "all" values, as CUDA's does.
+        scale = [stats[f"{key}.all.{w}"] for w in ("current", "peak", "allocated", "freed")]
+        for pool, label in pools:
+            values = [stats[f"{key}.{pool}.{w}"] for w in ("current", "peak", "allocated", "freed")]
+            cells = " | ".join(fmt(v, s) for v, s in zip(values, scale))
+            lines.append(f" {label or name:<21} | {cells} ")
+    for key, name in _SUMMARY_OVERSIZE:
+        lines.append("-" * width)
+        values = [stats[f"{key}.{w}"] for w in ("current", "peak", "allocated", "freed")]
+        lines.append(f" {name:<21} | {' | '.join(_summary_count(v, v) for v in values)} ")
+    lines.append("=" * width)
+    return "|" + "|\n|".join(lines) + "|\n"
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
 import torch
 
@@ -22,7 +22,7 @@ from zion_emu.inference import InferenceSnapshot, latency_stats
 from zion_emu.iterations import Iterations, mean_iteration_s
 
 __all__ = [
-    "COMMUNICATION", "COMPUTE", "COPY", "DEFAULT_MAX_SPANS", "Breakdown", "DeviceSnapshot", "DeviceSummary",
+    "COMMUNICATION", "COMPUTE", "COPY", "DEFAULT_MAX_SPANS", "Breakdown", "DeviceSnapshot", "DeviceSummary", "HbmOverTime",
     "LinkCounters", "LinkSummary", "OpSummary", "RankSnapshot", "RankStatus", "RunReport", "RunStatus",
     "SocketSnapshot", "SocketSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown", "merge", "snapshot",
     "start_recording", "union_length", "world_summary", "write_json",
@@ -60,6 +60,67 @@ def _breakdown_or_none(d: Mapping[str, Any] | None) -> Breakdown | None:
 
 
 @dataclass
+class HbmOverTime:
+    """One device's allocated HBM over the modeled host clock (the native
+    allocator's series, ``_C.memory.hbm_over_time``): ``start_bytes`` at
+    ``start_s``; then per bin of ``bin_s`` seconds, the time of its first
+    allocation or free (``time_s``), the most allocated after any of its
+    events (``max_bytes``: nothing exceeds it until the next bin) and what
+    was allocated after its last (``end_bytes``); that holds until ``end_s``,
+    when the snapshot was taken. ``peak_bytes`` is first reached at
+    ``peak_s``. The bins begin ``FIRST_BIN_S`` (1 ns) wide, so events further
+    apart are each their own bin; past ``MAX_BINS`` the width doubles and
+    neighbours merge."""
+
+    FIRST_BIN_S: ClassVar[float] = _C.memory.HBM_FIRST_BIN_S
+    MAX_BINS: ClassVar[int] = _C.memory.HBM_MAX_BINS
+
+    bin_s: float
+    start_s: float
+    start_bytes: int
+    time_s: list[float]
+    max_bytes: list[int]
+    end_bytes: list[int]
+    peak_bytes: int
+    peak_s: float
+    end_s: float
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> HbmOverTime:
+        return cls(**d)
+
+    @classmethod
+    def of_device(cls, device: int) -> HbmOverTime:
+        s = _C.memory.hbm_over_time(device)
+        return cls(bin_s=s["bin_s"], start_s=s["start_s"], start_bytes=s["start_bytes"], time_s=list(s["time_s"]),
+                   max_bytes=list(s["max_bytes"]), end_bytes=list(s["end_bytes"]), peak_bytes=s["peak_bytes"],
+                   peak_s=s["peak_s"], end_s=s["now_s"])
+
+    @property
+    def merged(self) -> bool:
+        """Whether some events closer than ``bin_s`` share a bin."""
+        return self.bin_s > self.FIRST_BIN_S
+
+    def steps(self) -> tuple[list[float], list[int]]:
+        """The series as a polyline: at each bin's time a rise (or fall) from
+        the level before to its most, then to its end level, held until the
+        next bin; the last level is held until ``end_s``."""
+        x, y = [self.start_s], [self.start_bytes]
+        level = self.start_bytes
+        for t, most, end in zip(self.time_s, self.max_bytes, self.end_bytes):
+            x += [t, t, t]
+            y += [level, most, end]
+            level = end
+        x.append(max(self.end_s, x[-1]))
+        y.append(level)
+        return x, y
+
+
+def _hbm_or_none(d: Mapping[str, Any] | None) -> HbmOverTime | None:
+    return None if d is None else HbmOverTime.from_json(d)
+
+
+@dataclass
 class DeviceSnapshot:
     """One zion device's counters at exit; ``breakdown`` when every span was recorded."""
 
@@ -77,10 +138,13 @@ class DeviceSnapshot:
     # Of the ops, kernels torch.compile generated (zion_emu.inductor) and their modeled busy time.
     compiled_kernels: int = 0
     compiled_busy_s: float = 0.0
+    # Allocated HBM over modeled time (absent from reports written before it was kept).
+    hbm_over_time: HbmOverTime | None = field(default=None, metadata=_OMIT_NONE)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeviceSnapshot:
-        return cls(**{**d, "breakdown": _breakdown_or_none(d.get("breakdown"))})
+        return cls(**{**d, "breakdown": _breakdown_or_none(d.get("breakdown")),
+                      "hbm_over_time": _hbm_or_none(d.get("hbm_over_time"))})
 
 
 @dataclass
@@ -227,7 +291,8 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
             peak_hbm_bytes=torch.zion.max_memory_allocated(d),
             hbm_capacity_bytes=torch.zion.get_device_properties(d).total_memory,
             breakdown=breakdown(spans, d, wall) if complete else None,
-            compiled_kernels=c["compiled_kernels"], compiled_busy_s=c["compiled_busy_s"]))
+            compiled_kernels=c["compiled_kernels"], compiled_busy_s=c["compiled_busy_s"],
+            hbm_over_time=HbmOverTime.of_device(d)))
     guessed: dict[str, int] = {}
     for d in devices:
         for op, n in cost.guessed_ops(d).items():
@@ -266,7 +331,8 @@ class DeviceSummary(DeviceSnapshot):
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeviceSummary:
-        return cls(**{**d, "breakdown": _breakdown_or_none(d.get("breakdown"))})
+        return cls(**{**d, "breakdown": _breakdown_or_none(d.get("breakdown")),
+                      "hbm_over_time": _hbm_or_none(d.get("hbm_over_time"))})
 
 
 @dataclass

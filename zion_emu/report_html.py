@@ -7,7 +7,8 @@ the style sheet is inline, and there is no script; the page loads nothing.
 
 A run's page has where the time went in each iteration (from the recorded
 spans, as :mod:`zion_emu.breakdown` splits it), device utilization over
-modeled time, each device's busy time and peak HBM, the link classes, the top
+modeled time, each device's busy time and peak HBM, each device's allocated
+HBM over modeled time with its peak marked, the link classes, the top
 work and the tables of the text report. Report fields this page does not know
 (``assumptions``, ``placeholders``, ``simulated_ranks`` or any other key of
 the report's JSON) are shown as they are, so a new field appears without a
@@ -33,7 +34,7 @@ from zion_emu.breakdown import COMMUNICATION, COMPUTE, COPY, Breakdown, breakdow
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from zion_emu.report import RankSnapshot, RunReport
+    from zion_emu.report import HbmOverTime, RankSnapshot, RunReport
 
 __all__ = ["busy_over_time", "invocation", "iteration_breakdowns", "run_html", "sweep_html", "write_run",
            "write_sweep"]
@@ -52,7 +53,7 @@ _SHOWN = {"platform", "ranks", "wall_s", "iterations", "iteration_s", "samples_p
           "cuda_compat_remapped", "mode", *_PROMINENT}
 _DEVICE_COLUMNS = {"device", "rank", "busy_s", "busy_pct", "busy_by_activity_s", "flops", "bytes", "copy_bytes",
                    "ops", "guessed_ops", "peak_hbm_bytes", "hbm_capacity_bytes", "breakdown", "compiled_kernels",
-                   "compiled_busy_s"}
+                   "compiled_busy_s", "hbm_over_time"}
 _LINK_COLUMNS = {"name", "bandwidth", "links", "bytes", "busy_s", "transfers", "utilization_pct"}
 
 
@@ -275,6 +276,49 @@ def _device_chart(report: RunReport) -> str:
     hbm_ax.set_xlabel("peak HBM, % of capacity")
     hbm_ax.set_title("peak HBM")
     return _png(fig)
+
+
+_BYTE_SCALES = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def _byte_unit(max_bytes: float) -> tuple[float, str]:
+    return next(((float(s), u) for s, u in _BYTE_SCALES if max_bytes >= s), (1.0, "B"))
+
+
+def _hbm_chart(series: Sequence[tuple[str, HbmOverTime]], title: str, steps: Sequence[float] = ()) -> str:
+    """Allocated HBM over modeled time, a line per (name, series), each with
+    its peak marked and labeled; ``steps``, the optimizer steps, dotted."""
+    end = max((max(h.end_s, h.time_s[-1] if h.time_s else 0.0) for _, h in series), default=0.0)
+    scale, unit = _time_unit(end)
+    bscale, bunit = _byte_unit(max((h.peak_bytes for _, h in series), default=0))
+    fig = _figure(10, 3.6)
+    ax = fig.subplots()
+    for t in steps:
+        ax.axvline(t * scale, color="#999999", linewidth=0.6, linestyle=":")
+    # Past 8 lines only the highest peak is labeled (every peak is marked).
+    highest = max(range(len(series)), key=lambda i: series[i][1].peak_bytes, default=0)
+    for i, (name, h) in enumerate(series):
+        x, y = h.steps()
+        (line,) = ax.plot(np.asarray(x) * scale, np.asarray(y) / bscale, linewidth=1.0, label=name)
+        ax.plot([h.peak_s * scale], [h.peak_bytes / bscale], marker="v", markersize=7, color=line.get_color())
+        if len(series) > 8 and i != highest:
+            continue
+        ax.annotate(f" peak {format_bytes(h.peak_bytes)} at {format_time(h.peak_s)}",
+                    (h.peak_s * scale, h.peak_bytes / bscale), fontsize=8, color=line.get_color(),
+                    xytext=(0, 4), textcoords="offset points")
+    ax.set_ylim(0, max((h.peak_bytes for _, h in series), default=0) / bscale * 1.25 or 1.0)
+    ax.set_xlim(0, end * scale or 1.0)
+    ax.set_xlabel(f"modeled time ({unit})")
+    ax.set_ylabel(f"allocated HBM ({bunit})")
+    ax.set_title(title)
+    if len(series) <= 16:
+        ax.legend(fontsize=8, loc="upper left")
+    return _png(fig)
+
+
+def _hbm_series(report: RunReport) -> list[tuple[str, HbmOverTime]]:
+    return [(f"zion:{d.device}" if report.ranks == 1 else f"rank {d.rank} zion:{d.device}", d.hbm_over_time)
+            for d in report.devices if d.hbm_over_time is not None]
 
 
 def _links_chart(report: RunReport, busy: BusyOverTime | None) -> str:
@@ -525,8 +569,18 @@ def run_html(report: RunReport, snapshots: Sequence[RankSnapshot] = (), command:
                          f"{format_time(report.wall_s / BINS)}. Bottom: each device's busy fraction (any activity).")
                   if busy is not None else '<p class="note">No spans were recorded: no utilization over time.</p>')
         charts += _chart("chart-devices", _device_chart(report),
-                         "Busy time by activity (activities can overlap) and peak HBM; the report keeps each "
-                         "device's peak, not its history.")
+                         "Busy time by activity (activities can overlap) and peak HBM.")
+        hbm = _hbm_series(report)
+        if hbm:
+            merged = [h.bin_s for _, h in hbm if h.merged]
+            title = "allocated HBM over modeled time (▼: each device's peak" + ("; dotted: optimizer steps)" if steps
+                                                                               else ")")
+            charts += _chart("chart-hbm", _hbm_chart(hbm, title, steps),
+                             "Each device's allocated HBM bytes at every allocation and free, on the modeled host "
+                             "clock" + (f"; events within {format_time(max(merged))} of each other are merged, "
+                                        "keeping the most allocated" if merged else "") +
+                             ". The peak is the highest since the clock began; "
+                             "the devices table's peak HBM is since the last reset_peak_memory_stats.")
         i = [s[0] for s in sections].index("devices")
         sections[i] = ("devices", "Devices", charts + sections[i][2])
     if any(link.bytes > 0 for link in report.links):
@@ -585,7 +639,8 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
                          _stacked_bars([(n, r.breakdown) for n, r in variants], "where each variant's run time went",
                                        horizontal=True, mark=winners),
                          "The whole run of each variant, mean over zion devices.")
-                  if all(r.breakdown is not None for r in reports) else ""))]
+                  if all(r.breakdown is not None for r in reports) else "") +
+                 _sweep_hbm(variants))]
     details = []
     for i, (name, r) in enumerate(variants):
         inner = "".join(f"<h3>{_e(t)}</h3>{b}" for _, t, b in _run_tables(r, r.to_json()))
@@ -595,6 +650,21 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
         details.append(f"<details><summary>{_e(name)}{star}</summary>{inner}</details>")
     sections.append(("reports", "Each variant's report", "".join(details)))
     return _page(f"zion-emu sweep on {reports[0].platform}", command, sections)
+
+
+def _sweep_hbm(variants: Sequence[tuple[str, RunReport]]) -> str:
+    """The HBM chart of a sweep: per variant, its device with the highest peak."""
+    series = []
+    for name, r in variants:
+        hbm = _hbm_series(r)
+        if hbm:
+            device, h = max(hbm, key=lambda dh: dh[1].peak_bytes)
+            series.append((f"{name} ({device})", h))
+    if not series:
+        return ""
+    return _chart("chart-sweep-hbm", _hbm_chart(series, "allocated HBM over modeled time (▼: peak)"),
+                  "For each variant, the allocated HBM of its device with the highest peak, on the modeled host "
+                  "clock.")
 
 
 def write_sweep(variants: Sequence[tuple[str, RunReport]], path: str, command: str | None = None) -> None:

@@ -57,6 +57,34 @@ void bind_memory(py::module_& m) {
     if (stacks) torch::installCapturedTracebackPython();
     device::memory_history().configure(enabled, max_entries, stacks);
   }, py::arg("enabled"), py::arg("max_entries"), py::arg("stacks"));
+  mem.attr("HBM_FIRST_BIN_S") = device::HbmSeries::kFirstBinS;
+  mem.attr("HBM_MAX_BINS") = device::HbmSeries::kMaxBins;
+  mem.def("hbm_over_time", [](int device) {
+    const double now = device::initialized() ? device::runtime().timeline.host() : 0.0;
+    device::HbmSeries s = device::memory_history().hbm_series(static_cast<c10::DeviceIndex>(device), now);
+    std::vector<double> time_s;
+    std::vector<int64_t> max_bytes, end_bytes;
+    for (const auto& b : s.bins) {
+      time_s.push_back(b.time_s);
+      max_bytes.push_back(b.max_bytes);
+      end_bytes.push_back(b.end_bytes);
+    }
+    py::dict out;
+    out["bin_s"] = s.bin_s;
+    out["start_s"] = s.start_s;
+    out["start_bytes"] = s.start_bytes;
+    out["time_s"] = time_s;
+    out["max_bytes"] = max_bytes;
+    out["end_bytes"] = end_bytes;
+    out["peak_bytes"] = s.peak_bytes;
+    out["peak_s"] = s.peak_s;
+    out["current_bytes"] = s.current_bytes;
+    out["now_s"] = now;
+    return out;
+  }, py::arg("device"),
+     "Allocated HBM bytes of a device over the modeled host clock (always kept): bins of bin_s seconds, each "
+     "with its first event's time, the most allocated after any of its events and what was allocated after its "
+     "last; start_bytes were allocated at start_s (time zero or the last clock reset); peak_bytes first at peak_s");
   mem.def("snapshot", [] {
     std::vector<device::MemoryEvent> events = device::memory_history().events();
     std::vector<device::MemoryBlock> live = device::memory_history().live();
@@ -108,7 +136,7 @@ void bind_memory(py::module_& m) {
       seg["active_size"] = b.nbytes;
       seg["requested_size"] = b.nbytes;
       seg["stream"] = 0;
-      seg["segment_type"] = b.nbytes > (size_t{1} << 20) ? "large" : "small";
+      seg["segment_type"] = b.nbytes > device::kSmallPoolMaxBytes ? "large" : "small";
       seg["segment_pool_id"] = py::make_tuple(0, 0);
       seg["is_expandable"] = false;
       seg["frames"] = f;

@@ -26,6 +26,13 @@ namespace {
 using c10::CachingAllocator::StatType;
 constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
 
+// The pool torch.cuda's caching allocator would serve a request from (see
+// kSmallPoolMaxBytes); the statistics split by it beside the aggregate, so
+// memory_stats' small_pool and large_pool keys add up to its all keys.
+size_t pool_of(size_t nbytes) {
+  return static_cast<size_t>(nbytes <= kSmallPoolMaxBytes ? StatType::SMALL_POOL : StatType::LARGE_POOL);
+}
+
 // What the deleter needs to give the bytes back to their pool.
 struct Allocation {
   c10::DeviceIndex device;
@@ -87,12 +94,12 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
                      gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
                      gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
-  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
-                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
-    stat->increase(nbytes);
-  }
-  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
-    stat->increase(1);
+  for (size_t type : {kAggregate, pool_of(nbytes)}) {
+    for (auto* stat : {&p.stats.allocated_bytes[type], &p.stats.reserved_bytes[type], &p.stats.active_bytes[type],
+                       &p.stats.requested_bytes[type]}) {
+      stat->increase(nbytes);
+    }
+    for (auto* stat : {&p.stats.allocation[type], &p.stats.segment[type], &p.stats.active[type]}) stat->increase(1);
   }
 }
 
@@ -277,12 +284,12 @@ void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (device >= static_cast<c10::DeviceIndex>(pools_.size())) return;  // platform replaced meanwhile
   Pool& p = pools_[device];
-  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
-                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
-    stat->decrease(nbytes);
-  }
-  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
-    stat->decrease(1);
+  for (size_t type : {kAggregate, pool_of(nbytes)}) {
+    for (auto* stat : {&p.stats.allocated_bytes[type], &p.stats.reserved_bytes[type], &p.stats.active_bytes[type],
+                       &p.stats.requested_bytes[type]}) {
+      stat->decrease(nbytes);
+    }
+    for (auto* stat : {&p.stats.allocation[type], &p.stats.segment[type], &p.stats.active[type]}) stat->decrease(1);
   }
 }
 

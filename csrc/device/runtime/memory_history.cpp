@@ -2,13 +2,89 @@
 
 #include <torch/csrc/profiler/combined_traceback.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
 
+namespace {
+std::shared_ptr<torch::CapturedTraceback> stack_if(bool stacks) {
+  // Outside every lock: gathering a Python stack takes the GIL.
+  return stacks ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false) : nullptr;
+}
+double now() { return runtime().timeline.host(); }
+}  // namespace
+
 MemoryHistory& memory_history() {
   static MemoryHistory* instance = new MemoryHistory();  // never destroyed: frees may come after exit begins
   return *instance;
+}
+
+void HbmSeries::add(double t, int64_t delta) {
+  if (!bins.empty() && t < bins.back().time_s) {  // the clock went back: a reset
+    *this = at(t);
+  }
+  current_bytes += delta;
+  if (current_bytes > peak_bytes) {
+    peak_bytes = current_bytes;
+    peak_s = t;
+  }
+  if (!bins.empty() && std::floor(bins.back().time_s / bin_s) == std::floor(t / bin_s)) {
+    HbmBin& b = bins.back();
+    b.max_bytes = std::max(b.max_bytes, current_bytes);
+    b.end_bytes = current_bytes;
+    return;
+  }
+  bins.push_back(HbmBin{t, current_bytes, current_bytes});
+  if (bins.size() > kMaxBins) coarsen();
+}
+
+void HbmSeries::coarsen() {
+  while (bins.size() > kMaxBins / 2) {
+    bin_s *= 2;
+    size_t kept = 0;
+    for (size_t i = 1; i < bins.size(); ++i) {
+      HbmBin& into = bins[kept];
+      if (std::floor(into.time_s / bin_s) == std::floor(bins[i].time_s / bin_s)) {
+        into.max_bytes = std::max(into.max_bytes, bins[i].max_bytes);
+        into.end_bytes = bins[i].end_bytes;
+      } else {
+        bins[++kept] = bins[i];
+      }
+    }
+    bins.resize(kept + 1);
+  }
+}
+
+HbmSeries HbmSeries::at(double now) const {
+  if (bins.empty() || bins.back().time_s <= now) return *this;
+  HbmSeries fresh;
+  fresh.start_s = now;
+  fresh.start_bytes = fresh.current_bytes = fresh.peak_bytes = current_bytes;
+  fresh.peak_s = now;
+  return fresh;
+}
+
+void MemoryHistory::record_use(c10::DeviceIndex device, int64_t delta) {
+  if (delta == 0 || device < 0) return;
+  // The clock is read under the lock: events of concurrent threads then
+  // enter in the order of their times (an earlier time means a reset).
+  std::lock_guard<std::mutex> lock(series_mutex_);
+  const double t = now();
+  if (static_cast<size_t>(device) >= series_.size()) series_.resize(static_cast<size_t>(device) + 1);
+  series_[device].add(t, delta);
+}
+
+HbmSeries MemoryHistory::hbm_series(c10::DeviceIndex device, double now) const {
+  std::lock_guard<std::mutex> lock(series_mutex_);
+  if (device < 0 || static_cast<size_t>(device) >= series_.size()) {
+    HbmSeries none;
+    none.start_s = none.peak_s = now;
+    return none;
+  }
+  return series_[device].at(now);
 }
 
 void MemoryHistory::configure(bool enabled, size_t max_entries, bool stacks) {
@@ -37,15 +113,8 @@ void MemoryHistory::add(MemoryEvent e) {
   }
 }
 
-namespace {
-std::shared_ptr<torch::CapturedTraceback> stack_if(bool stacks) {
-  // Outside every lock: gathering a Python stack takes the GIL.
-  return stacks ? torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false) : nullptr;
-}
-double now() { return runtime().timeline.host(); }
-}  // namespace
-
 void MemoryHistory::allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
+  record_use(device, static_cast<int64_t>(nbytes));
   if (!enabled() || ptr == nullptr) return;
   auto stack = stack_if(stacks_);
   auto address = reinterpret_cast<uintptr_t>(ptr);
@@ -57,6 +126,7 @@ void MemoryHistory::allocated(c10::DeviceIndex device, const void* ptr, size_t n
 }
 
 void MemoryHistory::freed(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
+  record_use(device, -static_cast<int64_t>(nbytes));
   if (ptr == nullptr) return;
   auto address = reinterpret_cast<uintptr_t>(ptr);
   bool known;

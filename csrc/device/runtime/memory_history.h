@@ -2,7 +2,8 @@
 // What torch.zion.memory._record_memory_history keeps: every HBM allocation,
 // free and out-of-memory error, at the modeled host time it happened, with
 // the Python stack that asked for it (torch.cuda.memory's history, for zion).
-// The allocator reports here; nothing is kept while recording is off.
+// The allocator reports here; nothing is kept while recording is off, except
+// each device's allocated bytes over modeled time (HbmSeries), always kept.
 
 #include <c10/core/Device.h>
 
@@ -19,6 +20,12 @@ struct CapturedTraceback;
 }  // namespace torch
 
 namespace zion::device {
+
+// torch.cuda's caching allocator serves requests of up to 1 MiB (its
+// kSmallSize) from its small pool and larger ones from its large pool. zion
+// has one pool per OAM; its statistics (the allocator) and its snapshots'
+// segment types split by this rule, as CUDA's would.
+constexpr size_t kSmallPoolMaxBytes = size_t{1} << 20;
 
 struct MemoryEvent {
   enum class Action { kAlloc, kFree, kOom };
@@ -38,6 +45,44 @@ struct MemoryBlock {  // a live allocation when the snapshot is taken
   std::shared_ptr<torch::CapturedTraceback> stack;
 };
 
+// One device's allocated HBM bytes over the modeled host clock, a step
+// function changing at each allocation and free (the run report's HBM chart).
+// A bin holds the events whose times fall into one interval of `bin_s`
+// seconds: `time_s`, its first event's time; `max_bytes`, the most allocated
+// after any of its events (so from `time_s` until the next bin's `time_s`,
+// allocated bytes never exceed it); `end_bytes`, allocated after its last.
+// The width starts at 1 ns, so events further apart are each their own bin,
+// exact; past kMaxBins bins the width doubles and neighbours merge, so a run
+// of any length keeps at most kMaxBins per device. `peak_bytes` is the most
+// allocated since the series began, first reached at `peak_s`.
+struct HbmBin {
+  double time_s;
+  int64_t max_bytes;
+  int64_t end_bytes;
+};
+
+struct HbmSeries {
+  static constexpr double kFirstBinS = 1e-9;
+  static constexpr size_t kMaxBins = 1024;
+  double bin_s = kFirstBinS;
+  double start_s = 0.0;     // where the series begins (time zero, or the last clock reset)
+  int64_t start_bytes = 0;  // allocated then
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  double peak_s = 0.0;
+  std::vector<HbmBin> bins;
+
+  // Allocated bytes changed by `delta` at modeled time `t`. An event earlier
+  // than the last bin's means the clock was reset: the series begins again.
+  void add(double t, int64_t delta);
+  // The series as it stands at modeled time `now`: if the clock was reset
+  // after its last event, an empty series that begins at `now`.
+  HbmSeries at(double now) const;
+
+ private:
+  void coarsen();
+};
+
 class MemoryHistory {
  public:
   // Starts (max_entries > 0) or stops recording; `stacks`: capture Python stacks.
@@ -50,9 +95,15 @@ class MemoryHistory {
 
   std::vector<MemoryEvent> events() const;  // oldest first, the last max_entries
   std::vector<MemoryBlock> live() const;    // allocations made while recording, still alive
+  // Allocated HBM of `device` over modeled time, as it stands at `now`.
+  HbmSeries hbm_series(c10::DeviceIndex device, double now) const;
 
  private:
   void add(MemoryEvent e);
+  void record_use(c10::DeviceIndex device, int64_t delta);
+
+  mutable std::mutex series_mutex_;
+  std::vector<HbmSeries> series_;  // per device, grown as devices are used
 
   std::atomic<bool> enabled_{false};
   bool stacks_ = false;
