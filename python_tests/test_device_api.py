@@ -73,6 +73,17 @@ def test_torch_accelerator_memory_functions_read_the_hbm_pool():
     assert (free, total) == torch.zion.mem_get_info(index) == (32 * GIB - base, 32 * GIB)
 
 
+def test_torch_accelerators_memory_calls_work_as_a_processs_first_zion_call():
+    # As torch.cuda's initialize CUDA, they start the device; before, the pools did not exist yet.
+    out = run_python("""
+import torch, zion_emu
+torch.accelerator.reset_peak_memory_stats(4)
+print(torch.accelerator.memory_allocated(4), torch.accelerator.max_memory_allocated(4))
+print(torch.accelerator.get_memory_info(4)[1] == torch.zion.get_device_properties(4).total_memory)
+""").stdout.split()
+    assert out == ["0", "0", "True"]
+
+
 def test_memory_summary_is_torch_cudas_table_for_the_device():
     summary = torch.zion.memory_summary("zion:6")
     assert "PyTorch zion memory summary, device ID 6" in summary and "| Allocated memory      |" in summary

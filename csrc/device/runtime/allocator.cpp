@@ -79,9 +79,15 @@ size_t HbmAllocator::bytes_in_use() const {
 
 HbmAllocator::Pool& HbmAllocator::pool(c10::DeviceIndex device) {
   TORCH_CHECK_INDEX(device >= 0 && device < static_cast<c10::DeviceIndex>(pools_.size()), "zion: device index ",
-                    static_cast<int>(device), " is out of range (0..", pools_.size() - 1, ")");
+                    static_cast<int>(device), " is out of range (0..", static_cast<int64_t>(pools_.size()) - 1, ")");
   return pools_[device];
 }
+
+namespace {
+// A statistics call (torch.accelerator's, before any zion tensor) starts the
+// device, as torch.cuda's calls initialize CUDA: the pools exist from then on.
+void started() { (void)runtime(); }
+}  // namespace
 
 void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -302,11 +308,13 @@ void HbmAllocator::copy_data(void* dest, const void* src, std::size_t count) con
 }
 
 c10::CachingDeviceAllocator::DeviceStats HbmAllocator::getDeviceStats(c10::DeviceIndex device) {
+  started();
   std::lock_guard<std::mutex> lock(mutex_);
   return pool(device).stats;
 }
 
 void HbmAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  started();
   std::lock_guard<std::mutex> lock(mutex_);
   auto& s = pool(device).stats;
   for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
@@ -318,6 +326,7 @@ void HbmAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
 }
 
 void HbmAllocator::resetPeakStats(c10::DeviceIndex device) {
+  started();
   std::lock_guard<std::mutex> lock(mutex_);
   auto& s = pool(device).stats;
   for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
@@ -327,6 +336,7 @@ void HbmAllocator::resetPeakStats(c10::DeviceIndex device) {
 }
 
 std::pair<size_t, size_t> HbmAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  started();
   std::lock_guard<std::mutex> lock(mutex_);
   Pool& p = pool(device);
   int64_t used = p.stats.allocated_bytes[kAggregate].current;
