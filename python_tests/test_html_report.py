@@ -538,7 +538,11 @@ def test_a_long_hbm_series_merges_bins_keeping_each_ones_most_and_its_exact_peak
     events, s = got["events"], got["series"]
     # 3000 events over ~0.4 s in at most 1024 bins: the width doubled from 1 ns.
     assert (rep.HbmOverTime.MAX_BINS, rep.HbmOverTime.FIRST_BIN_S) == (1024, 1e-9)
-    assert 1 < len(s["time_s"]) <= 1024 and s["bin_s"] > 1e-9
+    # Past 1024 bins the width doubles until at most 512 are left: so at the final width the events fill
+    # every kept bin and at most 1024, and at half of it they fill more than 512.
+    def bins(width: float) -> int:
+        return len({np.floor(t / width) for t, _ in events})
+    assert len(s["time_s"]) == bins(s["bin_s"]) <= 1024 and bins(s["bin_s"] / 2) > 512 and s["bin_s"] > 1e-9
     assert np.log2(s["bin_s"] / 1e-9) == int(np.log2(s["bin_s"] / 1e-9))
     # The bins are the events grouped by their interval of the final width, replayed here.
     want: list[list[float]] = []
