@@ -5,6 +5,7 @@ OAM and stream, linked to the CPU op that issued it."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
 import zion_emu
-from processes import run_python
+from processes import run_python, zion_emu_cli
 
 ZION = ProfilerActivity.PrivateUse1
 
@@ -148,3 +149,104 @@ def test_a_profile_of_cpu_work_leaves_the_device_unstarted():
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.PrivateUse1]
         assert names[-1] == "aten::mm" and torch.zion.get_device_name() == "hgx-h100 OAM"
     """)
+
+
+@pytest.fixture
+def modeled_host_time():
+    zion_emu.profiler.set_host_time("modeled")
+    try:
+        yield
+    finally:
+        zion_emu.profiler.set_host_time("wall")
+
+
+def launch_us() -> float:
+    """The host's cost of issuing one op on the zion preset: 5 us."""
+    launch = zion_emu.load_platform("zion").get("oam.launch_overhead_ns") / 1e3
+    assert launch == 5.0
+    return launch
+
+
+def test_host_track_in_modeled_time(tmp_path: Path, modeled_host_time):
+    a = torch.randn(1024, 1024, device="zion")
+    torch.zion.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ZION]) as prof:
+        with record_function("step"):
+            a @ a
+            torch.zion.synchronize()
+    # Hand-worked: the host spends one launch issuing the matmul, then waits
+    # for it; the kernel starts when its launch ends.
+    launch, mm = launch_us(), matmul_us(1024, 1024, 1024)
+    stats = {e.key: e for e in prof.key_averages()}
+    assert stats["aten::mm"].cpu_time_total == pytest.approx(launch, abs=2e-3)
+    assert stats["aten::matmul"].cpu_time_total == pytest.approx(launch, abs=2e-3)
+    assert stats["aten::matmul"].self_cpu_time_total == pytest.approx(0, abs=2e-3)
+    assert stats["step"].cpu_time_total == pytest.approx(launch + mm, abs=2e-3)
+    assert stats["step"].self_cpu_time_total == pytest.approx(mm, abs=3e-3)  # the wait in synchronize
+    assert stats["aten::mm"].device_time_total == pytest.approx(mm, abs=2e-3)  # device time is unchanged
+
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    assert trace["zionHostTime"] == "modeled"
+    events = {(e["cat"], e["name"]): e for e in trace["traceEvents"] if e.get("ph") == "X"}
+    host_mm, kernel, step = events["cpu_op", "aten::mm"], events["kernel", "aten::mm"], events["user_annotation", "step"]
+    assert host_mm["dur"] == pytest.approx(launch, abs=2e-3)
+    assert kernel["ts"] == pytest.approx(host_mm["ts"] + host_mm["dur"], abs=2e-3)  # on the device's axis
+    assert step["ts"] == pytest.approx(host_mm["ts"], abs=2e-3)
+    assert step["ts"] + step["dur"] == pytest.approx(kernel["ts"] + kernel["dur"], abs=2e-3)
+
+
+def test_host_track_is_wall_time_by_default(tmp_path: Path):
+    assert zion_emu.profiler.host_time() == "wall"
+    a = torch.randn(1024, 1024, device="zion")
+    torch.zion.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ZION]) as prof:
+        a @ a
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    assert "zionHostTime" not in trace
+    # The emulator runs the 2 GFLOP matmul on this host's cores: far more
+    # wall time than the 5 us the modeled host spends launching it.
+    assert {e.key: e for e in prof.key_averages()}["aten::mm"].cpu_time_total > 20 * launch_us()
+
+
+def test_modeled_host_time_with_a_schedule(tmp_path: Path, modeled_host_time):
+    a = torch.randn(256, 256, device="zion")
+    with profile(activities=[ProfilerActivity.CPU, ZION], schedule=schedule(wait=1, warmup=1, active=2, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(str(tmp_path))) as prof:
+        for _ in range(5):
+            a @ a
+            prof.step()
+    (file,) = tmp_path.glob("*.pt.trace.json")
+    trace = json.loads(file.read_text())
+    assert trace["zionHostTime"] == "modeled"
+    host_mm = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"]
+    assert [e["dur"] for e in host_mm] == [pytest.approx(launch_us(), abs=2e-3)] * 2
+
+
+def test_host_time_names_the_clocks_it_takes():
+    with pytest.raises(ValueError, match=r"one of wall, modeled, got 'cpu'"):
+        zion_emu.profiler.set_host_time("cpu")
+    assert zion_emu.profiler.host_time() == "wall"
+
+
+def test_run_sets_the_host_time_of_its_ranks(tmp_path: Path):
+    script = tmp_path / "prof.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        a = torch.randn(512, 512, device="zion")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            a @ a
+        prof.export_chrome_trace(sys.argv[1])
+        print("mm_us", {e.key: e for e in prof.key_averages()}["aten::mm"].cpu_time_total)
+    """))
+    trace = tmp_path / "t.json"
+    out = zion_emu_cli("run", "--quiet-report", "--profiler-host-time", "modeled", str(script), str(trace)).stdout
+    assert float(out.split("mm_us")[1].split()[0]) == pytest.approx(launch_us(), abs=2e-3)
+    assert json.loads(trace.read_text())["zionHostTime"] == "modeled"
+    bad = zion_emu_cli("run", "--profiler-host-time", "cpu", str(script), check=False)
+    assert bad.returncode != 0 and "invalid choice: 'cpu'" in bad.stderr

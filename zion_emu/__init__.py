@@ -18,6 +18,7 @@ def _autoload() -> None:
 
 
 import importlib as _importlib  # noqa: E402
+import os as _os  # noqa: E402
 import typing as _typing  # noqa: E402
 
 import torch  # noqa: E402,F401  (the native core links libtorch)
@@ -56,7 +57,7 @@ __all__ = [
 # shims cost time nobody who only trains on the device should pay.
 _SUBMODULES = (
     "astra", "async_ps", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed",
-    "inductor", "inference", "iterations", "launch", "memory", "platform", "report", "report_html", "report_text",
+    "inductor", "inference", "iterations", "launch", "memory", "platform", "profiler", "report", "report_html", "report_text",
     "sim", "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
 )
 
@@ -89,6 +90,11 @@ def __dir__() -> list[str]:
 from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
 
 _socket_from_environment()
+
+if _os.environ.get("ZION_PROFILER_HOST_TIME"):  # zion_emu.profiler: the host track's clock
+    from zion_emu.profiler import _apply_environment as _profiler_from_environment  # noqa: E402
+
+    _profiler_from_environment()
 
 # torchrec and fbgemm_gpu on zion, installed when (and if) they are imported.
 from zion_emu.torchrec.hooks import watch as _watch_torchrec  # noqa: E402

@@ -135,6 +135,19 @@ void bind_timeline(py::module_& m) {
     device::note_span_recording(max_spans);  // a torch.profiler session leaves this cap as it found it
   },
         py::arg("max_spans"), "Record up to max_spans spans of stream time (0: stop recording)");
+  t.def("profiler_host_clock", []() -> py::object {
+    device::HostClockMap map = device::last_host_clock_map();
+    if (!map.valid) return py::none();
+    py::dict d;
+    d["wall0_ns"] = map.wall0_ns;
+    d["host_start_s"] = map.host_start_s;
+    d["wall_ns"] = py::array_t<int64_t>(static_cast<py::ssize_t>(map.wall_ns.size()), map.wall_ns.data());
+    d["host_s"] = py::array_t<double>(static_cast<py::ssize_t>(map.host_s.size()), map.host_s.data());
+    d["ids"] = py::array_t<uint64_t>(static_cast<py::ssize_t>(map.ids.size()), map.ids.data());
+    d["begin_s"] = py::array_t<double>(static_cast<py::ssize_t>(map.begin_s.size()), map.begin_s.data());
+    d["end_s"] = py::array_t<double>(static_cast<py::ssize_t>(map.end_s.size()), map.end_s.data());
+    return d;
+  }, "The last torch.profiler session's host clock at each op boundary (None before one saw zion work)");
   t.def("advance_host", [](double seconds) {
     if (!(seconds >= 0)) throw py::value_error("advance_host takes a non-negative duration, got " + std::to_string(seconds));
     return device::runtime().timeline.advance_host(seconds);

@@ -71,6 +71,9 @@ def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) ->
     p.add_argument("--plot", metavar="OUT.png", default=None, help="plot device utilization over modeled time")
     p.add_argument("--html", metavar="OUT.html", default=None,
                    help="write the report and its charts as one self-contained HTML page (loads nothing)")
+    p.add_argument("--profiler-host-time", choices=("wall", "modeled"), default=None,
+                   help="the clock of torch.profiler's host events in every rank (ZION_PROFILER_HOST_TIME): wall, "
+                        "the emulator's own time (default), or modeled, the modeled host clock")
     p.add_argument("--quiet-report", action="store_true", help="do not print the report (still written with --report)")
     p.add_argument("script", help="the training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -230,6 +233,8 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: Wo
     env.pop(PRESENT_RANKS_ENV, None)  # each rank of a world sets its own (zion_emu.launch)
     if args.timing_only:
         env[MODE_ENV] = "timing"
+    if args.profiler_host_time is not None:
+        env["ZION_PROFILER_HOST_TIME"] = args.profiler_host_time
     if world is not None or _nproc(args) > 1:
         # What torchrun sets when it is unset, said here so that it does not
         # print its banner about it on every run.

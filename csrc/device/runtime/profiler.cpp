@@ -17,6 +17,7 @@
 
 #ifdef USE_KINETO
 
+#include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include <GenericTraceActivity.h>
@@ -51,6 +52,9 @@ constexpr int64_t kDeviceSortIndex = 0x1000000;
 
 std::atomic<size_t> g_run_max_spans{0};
 
+std::mutex g_clock_map_mutex;
+HostClockMap g_clock_map;
+
 class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
  public:
   explicit ZionProfilerSession(bool annotations) : annotations_(annotations) {}
@@ -63,6 +67,10 @@ class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
     wall_start_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count();
     recording_ = true;
+    {
+      std::lock_guard<std::mutex> map_lock(g_clock_map_mutex);
+      g_clock_map = HostClockMap{};  // this session's, once it has one
+    }
     if (initialized()) begin(runtime());
     status_ = libkineto::TraceStatus::RECORDING;
   }
@@ -108,10 +116,13 @@ class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
   enum class Event { kPushOp, kPopOp, kPushUser, kPopUser };
 
   // Everything up to a push or pop: each OAM's busy seconds then, and the op
-  // that work recorded after it (until the next note) belongs to.
+  // that work recorded after it (until the next note) belongs to; the wall
+  // clock (torch's profiler's) and the modeled host clock at that moment.
   struct Note {
     std::vector<double> busy;
     uint64_t owner = 0;
+    int64_t wall_ns = 0;
+    double host = 0;
   };
   // A record_function range: the notes at its push and at its pop.
   struct UserRange {
@@ -157,21 +168,32 @@ class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
     if (!recording_) return;
     if (!begun_) begin(rt);
     Thread& t = threads_[std::this_thread::get_id()];
+    const double host = rt.timeline.host();
     switch (e) {
-      case Event::kPushOp: t.ops.push_back(id); break;
-      case Event::kPopOp: if (!t.ops.empty()) t.ops.pop_back(); break;
+      case Event::kPushOp:
+        t.ops.push_back(id);
+        host_spans_[id] = {host, std::nan("")};
+        break;
+      case Event::kPopOp:
+        if (!t.ops.empty()) {
+          host_spans_[t.ops.back()].second = host;
+          t.ops.pop_back();
+        }
+        break;
       case Event::kPushUser:
         t.user.push_back(ranges_.size());
         ranges_.push_back(UserRange{id, notes_.size()});
+        host_spans_[id] = {host, std::nan("")};
         break;
       case Event::kPopUser:
         if (!t.user.empty()) {
           ranges_[t.user.back()].last = notes_.size();
+          host_spans_[ranges_[t.user.back()].id].second = host;
           t.user.pop_back();
         }
         break;
     }
-    notes_.push_back(Note{busy(rt), t.ops.empty() ? 0 : t.ops.back()});
+    notes_.push_back(Note{busy(rt), t.ops.empty() ? 0 : t.ops.back(), c10::getTime(), host});
   }
 
   void emit(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback* linked, int64_t start_ns) {
@@ -251,6 +273,29 @@ class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
       }
       logger.handleResourceInfo(libkineto::ResourceInfo{stream, stream, d, "stream " + std::to_string(stream)}, wall0);
     }
+    publish_clock_map(wall0);
+  }
+
+  // Called with mutex_ held, once the trace's start (wall0) is known.
+  void publish_clock_map(int64_t wall0) const {
+    HostClockMap map;
+    map.valid = true;
+    map.wall0_ns = wall0;
+    map.host_start_s = host_start_;
+    map.wall_ns.reserve(notes_.size());
+    map.host_s.reserve(notes_.size());
+    for (const Note& n : notes_) {
+      map.wall_ns.push_back(n.wall_ns);
+      map.host_s.push_back(n.host);
+    }
+    map.ids.reserve(host_spans_.size());
+    for (const auto& [id, span] : host_spans_) {
+      map.ids.push_back(id);
+      map.begin_s.push_back(span.first);
+      map.end_s.push_back(span.second);
+    }
+    std::lock_guard<std::mutex> lock(g_clock_map_mutex);
+    g_clock_map = std::move(map);
   }
 
   struct Thread {
@@ -271,6 +316,9 @@ class ZionProfilerSession final : public libkineto::IActivityProfilerSession {
   int64_t wall_start_ns_ = 0;
   std::unordered_map<std::thread::id, Thread> threads_;
   std::vector<Note> notes_;
+  // Each op's and record_function range's host clock at its push and its pop
+  // (NaN while open), by correlation id.
+  std::unordered_map<uint64_t, std::pair<double, double>> host_spans_;
   std::vector<UserRange> ranges_;
   std::vector<sim::Span> spans_;
   std::vector<std::string> labels_;
@@ -305,12 +353,18 @@ REGISTER_PRIVATEUSE1_PROFILER(ZionActivityProfiler);
 
 void note_span_recording(size_t max_spans) { g_run_max_spans.store(max_spans); }
 
+HostClockMap last_host_clock_map() {
+  std::lock_guard<std::mutex> lock(g_clock_map_mutex);
+  return g_clock_map;
+}
+
 }  // namespace zion::device
 
 #else  // a torch built without Kineto has no profiler to register with
 
 namespace zion::device {
 void note_span_recording(size_t) {}
+HostClockMap last_host_clock_map() { return {}; }
 }  // namespace zion::device
 
 #endif  // USE_KINETO
