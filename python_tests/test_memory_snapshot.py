@@ -3,6 +3,7 @@ format, read back by torch's own memory_viz."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -94,3 +95,37 @@ def test_bad_arguments_are_named():
         torch.zion.memory._record_memory_history(enabled="yes")
     with pytest.raises(ValueError, match="max_entries=0"):
         torch.zion.memory._record_memory_history(max_entries=0)
+
+
+def test_timing_only_snapshot_of_a_model_bigger_than_the_host(tmp_path: Path):
+    # A 25M x 64 fp32 table (6.4 GB; with its dense gradient, Adagrad's state
+    # and the step's temporaries the peak passes this host's 24 GiB) holds no
+    # host bytes in timing-only mode; its memory picture is all there.
+    out = run_python("""
+        import resource, torch, zion_emu
+        from torch import nn
+        from torch.cuda import _memory_viz
+        assert zion_emu.mode() == "timing"
+        torch.zion.memory._record_memory_history(max_entries=100000)
+        rows, dim = 25_000_000, 64
+        table = nn.EmbeddingBag(rows, dim, mode="sum", device="zion")
+        top = nn.Linear(dim, 1, device="zion")
+        opt = torch.optim.Adagrad([*table.parameters(), *top.parameters()])
+        idx = torch.randint(0, rows, (4096,), device="zion")
+        offsets = torch.arange(0, 4096, 2, device="zion")
+        top(table(idx, offsets)).sum().backward()
+        opt.step()
+        snap = torch.zion.memory._snapshot()
+        trace = snap["device_traces"][0]
+        table_bytes = rows * dim * 4
+        assert any(e["action"] == "alloc" and e["size"] == table_bytes for e in trace)
+        peak = zion_emu.memory.peak_from_trace(snap, 0)
+        assert peak == torch.zion.max_memory_allocated() >= 3 * table_bytes
+        assert sum(s["allocated_size"] for s in snap["segments"]) == torch.zion.memory_allocated()
+        assert "Active Memory Timeline" in _memory_viz.trace_plot(snap)
+        print("peak", peak)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        assert rss < table_bytes / 4, rss  # the host never held the table
+    """, env={**os.environ, "ZION_MODE": "timing"}).stdout
+    peak = int(out.split("peak")[1].split()[0])
+    assert peak > 24 << 30, peak
