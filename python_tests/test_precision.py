@@ -234,3 +234,40 @@ def test_the_run_report_says_which_precision_priced_float32_matmuls(tmp_path: Pa
         {"op": "aten::mm", "requested": "tf32", "priced": "fp32", "fell_back": True, "ranks": [0]}]
     assert ("priced at fp32: the settings asked for tf32, which platform a100-without-tf32's OAM has no peak for"
             in text)
+
+
+_MIXED_SCRIPT = """
+import torch
+a = torch.ones(1024, 1024, device="zion")
+torch.set_float32_matmul_precision("high")
+torch.mm(a, a)
+torch.mm(a, a)
+torch.set_float32_matmul_precision("highest")
+torch.mm(a, a)
+torch.mm(a.bfloat16(), a.bfloat16())  # not a float32 matmul: not counted
+"""
+
+
+@pytest.mark.slow
+def test_the_run_report_counts_every_float32_matmul_by_precision(tmp_path: Path):
+    from processes import zion_emu_cli
+
+    script, out = tmp_path / "mixed.py", tmp_path / "report.json"
+    script.write_text(_MIXED_SCRIPT)
+    page = tmp_path / "report.html"
+    text = zion_emu_cli("run", "--platform", "hgx-a100", "--report", str(out), "--html", str(page), str(script)).stdout
+    doc = json.loads(out.read_text())
+    # Hand-worked: 2 x 1024^3 FLOP each, compute-bound at both precisions
+    # (12.6 MB at 2,039 GB/s x 0.7 is 8.8 us).
+    flops = 2 * 1024**3
+    fp32, tf32 = doc["fp32_matmul_counts"]  # most device time first
+    assert (fp32["requested"], fp32["priced"], fp32["ops"], fp32["fell_back"]) == ("fp32", "fp32", 1, False)
+    assert fp32["flops"] == flops and fp32["device_s"] == approx(flops / (19.5e12 * 0.7), rel=1e-9)
+    assert (tf32["requested"], tf32["priced"], tf32["ops"], tf32["ranks"]) == ("tf32", "tf32", 2, [0])
+    assert tf32["flops"] == 2 * flops and tf32["device_s"] == approx(2 * flops / (156e12 * 0.7), rel=1e-9)
+    assert doc["fp32_matmul_precision"][0]["requested"] == "fp32"  # the last one
+    assert "  priced at tf32           2 ops           4.3 GFLOP" in text
+    assert "  priced at fp32           1 ops           2.1 GFLOP" in text
+    html = page.read_text()
+    assert "<h2>Float32 matmuls by precision</h2>" in html
+    assert '<td>tf32</td><td class="num">tf32</td><td class="num">2</td><td class="num">4.3</td>' in html

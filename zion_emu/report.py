@@ -223,6 +223,9 @@ class RankSnapshot:
     # How its last float32 matmul-class op or convolution was priced
     # (torch.zion.last_matmul_precision(): op, requested, priced); None if none was.
     fp32_matmul_precision: dict[str, str] | None = field(default=None, metadata=_OMIT_NONE)
+    # Every float32 matmul-class op and convolution it priced, by (requested,
+    # priced) precision: requested, priced, ops, flops, device_s; None if none was.
+    fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -316,6 +319,7 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         placeholders=list(_C.device.placeholder_reads()),
         inference=inference.snapshot(),
         fp32_matmul_precision=_C.device.last_fp32_matmul_pricing(),
+        fp32_matmul_counts=list(_C.device.fp32_matmul_counts()) or None,
     )
 
 
@@ -480,6 +484,8 @@ class RunReport:
     world: WorldSummary | None = field(default=None, metadata=_OMIT_NONE)  # --world-size
     # Which precision priced float32 matmuls: see fp32_matmul_precision(). Absent when none was priced.
     fp32_matmul_precision: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
+    # The whole run's float32 matmuls by precision: see fp32_matmul_counts(). Absent when none was priced.
+    fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -533,6 +539,25 @@ def fp32_matmul_precision(snaps: Iterable[RankSnapshot]) -> list[dict[str, Any]]
                                    "fell_back": key[1] != key[2], "ranks": []})
         acc["ranks"].append(s.rank)
     return list(out.values()) or None
+
+
+def fp32_matmul_counts(snaps: Iterable[RankSnapshot]) -> list[dict[str, Any]] | None:
+    """Every float32 matmul-class op and convolution the ranks priced, summed
+    by (requested, priced) precision: ``ops``, ``flops`` and ``device_s`` (their
+    modeled device time), ``fell_back`` as in :func:`fp32_matmul_precision`,
+    and the ``ranks`` that priced some. Most device time first; None when no
+    rank priced one."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in snaps:
+        for c in s.fp32_matmul_counts or []:
+            key = (c["requested"], c["priced"])
+            acc = out.setdefault(key, {"requested": key[0], "priced": key[1], "fell_back": key[0] != key[1],
+                                       "ops": 0, "flops": 0.0, "device_s": 0.0, "ranks": []})
+            acc["ops"] += int(c["ops"])
+            acc["flops"] += float(c["flops"])
+            acc["device_s"] += float(c["device_s"])
+            acc["ranks"].append(s.rank)
+    return sorted(out.values(), key=lambda c: -c["device_s"]) or None
 
 
 def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None = None, top: int = 10) -> RunReport:
@@ -609,6 +634,7 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         placeholders=sorted(placeholders.values(), key=lambda r: -r["count"]),
         inference=_inference_summary(snaps),
         fp32_matmul_precision=fp32_matmul_precision(snaps),
+        fp32_matmul_counts=fp32_matmul_counts(snaps),
     )
 
 

@@ -50,7 +50,7 @@ _PROMINENT = ("simulated_ranks", "assumptions", "placeholders")
 # Report fields the page shows in its own sections; any other is shown as it is.
 _SHOWN = {"platform", "ranks", "wall_s", "iterations", "iteration_s", "samples_per_iteration", "samples_per_s",
           "breakdown", "breakdown_note", "devices", "sockets", "links", "top_ops", "guessed_ops", "status",
-          "cuda_compat_remapped", "mode", *_PROMINENT}
+          "cuda_compat_remapped", "mode", "fp32_matmul_precision", "fp32_matmul_counts", *_PROMINENT}
 _DEVICE_COLUMNS = {"device", "rank", "busy_s", "busy_pct", "busy_by_activity_s", "flops", "bytes", "copy_bytes",
                    "ops", "guessed_ops", "peak_hbm_bytes", "hbm_capacity_bytes", "breakdown", "compiled_kernels",
                    "compiled_busy_s", "hbm_over_time"}
@@ -528,6 +528,14 @@ def _run_tables(r: RunReport, doc: Mapping[str, Any]) -> list[tuple[str, str, st
         out.append(("guessed", "Ops priced by the default guess",
                     '<p class="note">No cost formula knew these ops; each was priced as one pass over its '
                     "tensors.</p>" + _generic(r.guessed_ops)))
+    if r.fp32_matmul_counts:
+        rows = [[_e(c["requested"]), _e(c["priced"]) + (" (no peak for the requested one)" if c["fell_back"] else ""),
+                 _e(f"{c['ops']:,}"), _e(f"{c['flops'] / 1e9:,.1f}"), _e(format_time(c["device_s"]))]
+                for c in r.fp32_matmul_counts]
+        last = "".join(f'<p class="note">The last one: {_e(p["op"])}, priced at {_e(p["priced"])}.</p>'
+                       for p in r.fp32_matmul_precision or [])
+        out.append(("precision", "Float32 matmuls by precision",
+                    _table(["settings asked for", "priced at", "ops", "GFLOP", "device time"], rows) + last))
     if r.cuda_compat_remapped:
         out.append(("cuda-compat", "Remapped by --cuda-compat", _generic(r.cuda_compat_remapped)))
     rest = {k: v for k, v in doc.items() if k not in _SHOWN}

@@ -40,7 +40,8 @@ def _summary(report: RunReport) -> list[str]:
 
 
 def _precision(report: RunReport) -> list[str]:
-    """Which precision priced float32 matmuls, from each rank's last one."""
+    """Which precision priced float32 matmuls: each rank's last one, and the
+    whole run's by precision."""
     lines = []
     for p in report.fp32_matmul_precision or []:
         ranks = "" if report.ranks == 1 else f", rank(s) {rank_ranges(p['ranks'])}"
@@ -50,6 +51,10 @@ def _precision(report: RunReport) -> list[str]:
         else:
             how = f"{p['priced']}, as the settings asked"
         lines.append(f"float32 matmuls        priced at {how} (the last one: {p['op']}{ranks})")
+    for c in report.fp32_matmul_counts or []:
+        asked = f"asked {c['requested']}, " if c["fell_back"] else ""
+        lines.append(f"  {asked}priced at {c['priced']:<5} {c['ops']:>10,} ops  {c['flops'] / 1e9:>12,.1f} GFLOP  "
+                     f"{format_time(c['device_s'])} of device time")
     return lines
 
 

@@ -175,6 +175,20 @@ void bind_device(py::module_& m) {
     out["priced"] = sim::dtype_name(p->priced);
     return out;
   }, "The last float32 matmul or convolution priced: op, the precision its settings asked for, the one that priced it");
+  d.def("fp32_matmul_counts", [] {
+    py::list out;
+    for (const auto& c : device::fp32_matmul_counts()) {
+      py::dict e;
+      e["requested"] = sim::dtype_name(c.requested);
+      e["priced"] = sim::dtype_name(c.priced);
+      e["ops"] = c.ops;
+      e["flops"] = c.flops;
+      e["device_s"] = c.device_s;
+      out.append(e);
+    }
+    return out;
+  }, "Every float32 matmul-class op and convolution priced in this process, by (requested, priced) precision: "
+     "ops, flops, device_s");
   d.def("counters", [](int index) {
     auto c = device::runtime().timeline.counters(index);
     py::dict out;

@@ -3,7 +3,9 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <unordered_map>
 
 #include "device/runtime/runtime.h"
@@ -64,12 +66,27 @@ void read_fp32_precision(sim::OpCall& call) {
 // label id (upper 32 bits), requested dtype, priced dtype (8 bits each); ~0: none.
 std::atomic<uint64_t> last_fp32_matmul{~uint64_t{0}};
 
+std::mutex g_fp32_counts_mutex;
+std::vector<Fp32MatmulCount> g_fp32_counts;
+
+void count_fp32_matmul(const sim::OpCost& cost) {
+  std::lock_guard<std::mutex> lock(g_fp32_counts_mutex);
+  auto it = std::find_if(g_fp32_counts.begin(), g_fp32_counts.end(), [&](const Fp32MatmulCount& c) {
+    return c.requested == cost.requested_dtype && c.priced == cost.priced_dtype;
+  });
+  if (it == g_fp32_counts.end()) it = g_fp32_counts.insert(it, Fp32MatmulCount{cost.requested_dtype, cost.priced_dtype});
+  it->ops += 1;
+  it->flops += cost.work.flops;
+  it->device_s += cost.device_time;
+}
+
 void note_fp32_matmul(Runtime& rt, const sim::OpCall& call, const sim::OpCost& cost, int label) {
   const sim::OpClass c = cost.work.op_class;
   if ((c != sim::OpClass::kMatmul && c != sim::OpClass::kConvolution) || sim::compute_dtype(call) != sim::DType::kFp32 ||
       cost.work.flops <= 0) {
     return;
   }
+  count_fp32_matmul(cost);
   last_fp32_matmul.store((static_cast<uint64_t>(static_cast<uint32_t>(label)) << 32) |
                              (static_cast<uint64_t>(cost.requested_dtype) << 8) |
                              static_cast<uint64_t>(cost.priced_dtype),
@@ -106,6 +123,11 @@ std::optional<Fp32MatmulPricing> last_fp32_matmul_pricing() {
   const auto label = static_cast<size_t>(v >> 32);
   return Fp32MatmulPricing{label < labels.size() ? labels[label] : std::string(),
                            static_cast<sim::DType>((v >> 8) & 0xff), static_cast<sim::DType>(v & 0xff)};
+}
+
+std::vector<Fp32MatmulCount> fp32_matmul_counts() {
+  std::lock_guard<std::mutex> lock(g_fp32_counts_mutex);
+  return g_fp32_counts;
 }
 
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,

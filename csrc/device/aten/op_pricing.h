@@ -44,6 +44,18 @@ struct Fp32MatmulPricing {
 };
 std::optional<Fp32MatmulPricing> last_fp32_matmul_pricing();
 
+// Every float32 matmul-class op and convolution charged in this process, by
+// (requested, priced) precision: how many, their FLOPs and their modeled
+// device seconds. In order of the precisions' first use.
+struct Fp32MatmulCount {
+  sim::DType requested;
+  sim::DType priced;
+  int64_t ops = 0;
+  double flops = 0;
+  double device_s = 0;
+};
+std::vector<Fp32MatmulCount> fp32_matmul_counts();
+
 void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,
                    sim::OpClass op_class, sim::DType dtype);
 
