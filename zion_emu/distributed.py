@@ -186,6 +186,7 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         link_model=link_model,
         present=present,
         global_ranks=global_ranks,
+        timeout_s=timeout.total_seconds(),
     )
 
 
