@@ -98,6 +98,26 @@ def test_the_shared_memory_handshake_prices_and_refuses_as_the_gloo_one_does(tmp
     assert len(results[None][0]) == 13 and results[None][0][-1]["end"] > results[None][0][0]["end"] > 0
 
 
+def _mixed_choice_worker(rank: int, nprocs: int, store: str) -> None:
+    # One rank cannot take the shared-memory path (told so here; on another
+    # host it could not map the segment): every rank goes through gloo alike.
+    _init(rank, nprocs, store, 60, "gloo" if rank == 1 else None)
+    assert zd.backend().handshake == "gloo"
+    x = torch.full((3,), float(rank + 1), device="zion")
+    dist.all_reduce(x)
+    assert torch.equal(x.cpu(), torch.full((3,), 6.0))
+    with pytest.raises(RuntimeError, match="dtypes differ across ranks"):
+        dist.all_reduce(torch.ones(4, device="zion", dtype=torch.float32 if rank == 0 else torch.float64))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_when_one_rank_cannot_use_shared_memory_every_rank_uses_gloo(tmp_path):
+    pids = spawn(_mixed_choice_worker, 3, tmp_path, timeout_s=JOIN_TIMEOUT_S)
+    assert not _segments(pids[0])
+
+
 def _dead_rank_worker(rank: int, nprocs: int, store: str, timeout_s: float) -> None:
     _init(rank, nprocs, store, timeout_s, None)
     assert zd.backend().handshake == "shm"

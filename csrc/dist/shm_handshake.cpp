@@ -175,13 +175,19 @@ std::unique_ptr<ShmHandshake> ShmHandshake::connect(c10d::Store& store, int slot
   hs->name_ = name;
 
   // Every rank says whether it mapped the segment; all decide alike.
-  store.set(std::string(kPrefix) + "mapped/" + std::to_string(slot), hs->base_ ? "1" : "0");
+  const bool named = !name.empty() && name != "none";
   bool everyone = true;
-  for (int s = 0; s < slots; ++s) {
-    everyone = as_string(store.get(std::string(kPrefix) + "mapped/" + std::to_string(s))) == "1" && everyone;
+  try {
+    store.set(std::string(kPrefix) + "mapped/" + std::to_string(slot), hs->base_ ? "1" : "0");
+    for (int s = 0; s < slots; ++s) {
+      everyone = as_string(store.get(std::string(kPrefix) + "mapped/" + std::to_string(s))) == "1" && everyone;
+    }
+  } catch (...) {  // a rank that never came: the store's timeout
+    if (named) shm_unlink(name.c_str());
+    throw;
   }
   // Every rank that will use it has it mapped: nothing needs the name now.
-  if (!name.empty() && name != "none") shm_unlink(name.c_str());
+  if (named) shm_unlink(name.c_str());
   if (!everyone) return nullptr;
   return hs;
 }
@@ -242,10 +248,15 @@ void ShmHandshake::all_gather(const double* mine, double* out) {
       sched_yield();
       continue;
     }
-    const uint32_t epoch = h->epoch.load();
-    h->waiters.fetch_add(1);
-    if (!arrived()) futex_wait(&h->epoch, epoch, kSlice);
-    h->waiters.fetch_sub(1);
+    {
+      const uint32_t epoch = h->epoch.load();
+      h->waiters.fetch_add(1);
+      struct Leave {
+        std::atomic<uint32_t>& waiters;
+        ~Leave() { waiters.fetch_sub(1); }
+      } leave{h->waiters};
+      if (!arrived()) futex_wait(&h->epoch, epoch, kSlice);
+    }
     if (arrived()) break;
     // Who is missing: gone, or late past the timeout.
     std::vector<int> late;
