@@ -155,6 +155,27 @@ def test_a_killed_rank_is_an_error_naming_it_on_the_others_and_leaves_no_segment
     assert not _segments(ctx.processes[0].pid)
 
 
+def _left_rank_worker(rank: int, nprocs: int, store: str) -> None:
+    _init(rank, nprocs, store, 60, None)
+    dist.all_reduce(torch.ones(2, device="zion"))
+    if rank == 1:
+        dist.destroy_process_group()  # leaves the group, and lives on
+        time.sleep(8)
+        os._exit(0)
+    begin = time.monotonic()
+    with pytest.raises(dist.DistBackendError,
+                       match=r"shared memory: (rank [02] gave up on the group earlier: )?rank 1 has left the group"):
+        dist.all_reduce(torch.ones(4, device="zion"))
+    assert time.monotonic() - begin < 10  # told at once, not at the timeout
+    os._exit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_rank_that_destroyed_its_group_is_an_error_naming_it_on_the_others(tmp_path):
+    spawn(_left_rank_worker, 3, tmp_path, timeout_s=JOIN_TIMEOUT_S)
+
+
 def _late_rank_worker(rank: int, nprocs: int, store: str, timeout_s: float) -> None:
     _init(rank, nprocs, store, timeout_s, None)
     dist.all_reduce(torch.ones(2, device="zion"))

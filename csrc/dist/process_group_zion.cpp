@@ -82,6 +82,10 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
   }
 }
 
+void ProcessGroupZion::shutdown() {
+  if (shm_) shm_->leave();
+}
+
 int ProcessGroupZion::comm_stream(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = comm_streams_.find(device);

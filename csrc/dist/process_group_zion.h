@@ -137,6 +137,10 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
   bool supportsCoalescing() const override { return true; }
+  // destroy_process_group: a rank waiting in a handshake for this one is
+  // told it left (the gloo handshake learns it from gloo's closed sockets).
+  void shutdown() override;
+  void abort() override { shutdown(); }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 

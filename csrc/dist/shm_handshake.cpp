@@ -73,9 +73,13 @@ struct alignas(64) ShmHandshake::Header {
 
 struct alignas(64) ShmHandshake::Slot {
   std::atomic<uint64_t> round;  // the last round this slot's rank has written
-  // Set by a rank whose handshake failed (a rank gone or late): it takes no
-  // further part, and the ranks that come later are told so.
-  std::atomic<uint32_t> abandoned;
+  // The round in which this slot's rank gave up (a rank gone or late), 0
+  // while it has not: that round and later ones are void, and the ranks that
+  // come to them are told why.
+  std::atomic<uint64_t> abandoned;
+  // Set when its rank's group is destroyed: rounds it has not written will
+  // never come.
+  std::atomic<uint32_t> left;
   int32_t pid;
   char why[192];  // what made it give up, for the others to relay
 };
@@ -192,8 +196,18 @@ std::unique_ptr<ShmHandshake> ShmHandshake::connect(c10d::Store& store, int slot
   return hs;
 }
 
+void ShmHandshake::leave() {
+  if (!base_ || static_cast<int>(getpid()) != pid_) return;  // a forked child leaves nothing
+  auto* h = static_cast<Header*>(base_);
+  slot(slot_).left.store(1);
+  h->epoch.fetch_add(1);
+  futex_wake_all(&h->epoch);
+}
+
 ShmHandshake::~ShmHandshake() {
-  if (base_) munmap(base_, bytes_);
+  if (!base_) return;
+  leave();
+  munmap(base_, bytes_);
 }
 
 std::string ShmHandshake::gone(int s) const {
@@ -214,6 +228,7 @@ void ShmHandshake::all_gather(const double* mine, double* out) {
         "zion backend: this process was forked from a rank after its process group was created; a forked child is not a "
         "rank and cannot take part in the group's collectives");
   }
+  std::lock_guard<std::mutex> lock(mutex_);  // one round at a time, whatever thread issues it
   auto* h = static_cast<Header*>(base_);
   const uint64_t round = round_ + 1;
   const int slots = static_cast<int>(ranks_.size());
@@ -225,7 +240,7 @@ void ShmHandshake::all_gather(const double* mine, double* out) {
   // Gives up on the group: the others must not wait for this rank either.
   auto give_up = [&](const std::string& why) {
     std::strncpy(slot(slot_).why, why.c_str(), sizeof(Slot::why) - 1);
-    slot(slot_).abandoned.store(1);
+    slot(slot_).abandoned.store(round);
     h->epoch.fetch_add(1);
     futex_wake_all(&h->epoch);
     throw HandshakeLost(why);
@@ -233,12 +248,18 @@ void ShmHandshake::all_gather(const double* mine, double* out) {
   auto arrived = [&] {
     bool all = true;
     for (int s = 0; s < slots; ++s) {
-      if (s != slot_ && slot(s).abandoned.load()) {
+      if (s == slot_) continue;
+      const uint64_t abandoned = slot(s).abandoned.load();
+      if (abandoned != 0 && abandoned <= round) {
         char why[sizeof(Slot::why)] = {0};
         std::memcpy(why, slot(s).why, sizeof(why) - 1);
         give_up("rank " + std::to_string(ranks_[s]) + " gave up on the group earlier: " + why);
       }
-      all = all && slot(s).round.load(std::memory_order_acquire) >= round;
+      const bool there = slot(s).round.load(std::memory_order_acquire) >= round;
+      if (!there && slot(s).left.load()) {
+        give_up("rank " + std::to_string(ranks_[s]) + " has left the group (destroyed its process group) without issuing it");
+      }
+      all = all && there;
     }
     return all;
   };

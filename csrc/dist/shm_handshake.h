@@ -21,7 +21,9 @@
 // buffer is overwritten while someone may still read it. Waiting spins
 // briefly, then sleeps on a futex in the segment that every write wakes;
 // while waiting it checks that the ranks it waits for still run (their pids)
-// and gives up at the group's timeout, with an error naming those ranks.
+// and have not destroyed their group, and gives up at the group's timeout,
+// with an error naming those ranks. A rank that gives up marks its slot, so
+// the ranks that reach that round after it are told why instead of waiting.
 //
 // A forked child inherits the mapping but is not a rank: a handshake from it
 // is refused.
@@ -32,6 +34,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,6 +63,10 @@ class ShmHandshake {
   // not come within the timeout; std::logic_error from a forked child.
   void all_gather(const double* mine, double* out);
 
+  // This rank takes no further part (its group is shut down or destroyed):
+  // a rank waiting for a round it has not written is told so.
+  void leave();
+
   // The segment's name while it was being set up (tests look for leftovers).
   const std::string& name() const { return name_; }
 
@@ -79,6 +86,7 @@ class ShmHandshake {
   std::vector<int> ranks_;
   int words_ = 0;
   std::chrono::milliseconds timeout_{0};
+  std::mutex mutex_;
   uint64_t round_ = 0;
   int pid_ = 0;  // the process that connected
 };
