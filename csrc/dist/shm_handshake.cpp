@@ -176,7 +176,6 @@ std::unique_ptr<ShmHandshake> ShmHandshake::connect(c10d::Store& store, int slot
     }
   }
   if (hs->base_) hs->slot(slot).pid = hs->pid_;
-  hs->name_ = name;
 
   // Every rank says whether it mapped the segment; all decide alike.
   const bool named = !name.empty() && name != "none";

@@ -67,9 +67,6 @@ class ShmHandshake {
   // a rank waiting for a round it has not written is told so.
   void leave();
 
-  // The segment's name while it was being set up (tests look for leftovers).
-  const std::string& name() const { return name_; }
-
  private:
   struct Header;
   struct Slot;
@@ -79,7 +76,6 @@ class ShmHandshake {
   // Empty while the rank of slot `s` runs, else how it ended.
   std::string gone(int s) const;
 
-  std::string name_;
   void* base_ = nullptr;
   size_t bytes_ = 0;
   int slot_ = 0;
