@@ -14,6 +14,11 @@ collective starts at the latest virtual start among its ranks, lasts what
 on every rank's communication stream; ``Work.wait()`` makes the current stream
 wait for it. The C++ lives in csrc/dist (ProcessGroupZion).
 
+Before the data, the ranks agree on each call (the handshake): through a
+shared-memory segment when every rank of the group runs on this host, else,
+or with ``ZION_HANDSHAKE=gloo`` on any rank, through a small gloo all-gather.
+``backend(group).handshake`` says which (``"shm"`` or ``"gloo"``).
+
 CPU tensors: the backend is registered for ``cpu`` too (as gloo is for cuda and
 cpu), so a call whose tensors are all on the CPU, on every rank, goes through
 the inner gloo with no modeled time; object collectives (``all_gather_object``,
@@ -186,6 +191,7 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         link_model=link_model,
         present=present,
         global_ranks=global_ranks,
+        timeout_s=timeout.total_seconds(),
     )
 
 

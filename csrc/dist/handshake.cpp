@@ -190,26 +190,38 @@ const char* call_name(Call call) {
   return "unknown";
 }
 
-Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const RankSide& mine) {
+int handshake_words(int size) { return kFixed + 2 * size; }
+
+Agreement agree(c10d::Backend& gloo, ShmHandshake* shm, int rank, const PresentRanks& ranks, const RankSide& mine) {
   const int size = ranks.size;
   const int present = static_cast<int>(ranks.present.size());
   std::vector<double> packed = encode(mine, size);
   const int64_t width = static_cast<int64_t>(packed.size());
-  at::Tensor in = at::from_blob(packed.data(), {width}, at::kDouble).clone();
+  at::Tensor in = shm ? at::Tensor() : at::from_blob(packed.data(), {width}, at::kDouble).clone();
   at::Tensor out = at::empty({width * present}, at::kDouble);
   // A rank that left, crashed or never came: said in the group's words, as
   // torch's DistBackendError (what NCCL raises) for whoever handles it.
-  auto lost = [&](const char* gloo_says) {
+  auto lost = [&](const char* via, const char* says) {
     TORCH_CHECK_WITH(DistBackendError, false, "zion backend: ", call_name(mine.call), " on rank ", rank, " of ", size,
                      ": lost the other ranks before agreeing on it (a rank has exited or crashed, or did not issue ",
-                     "it within the group's timeout). gloo: ", gloo_says);
+                     "it within the group's timeout). ", via, ": ", says);
   };
-  try {
-    gloo._allgather_base(out, in)->wait();
-  } catch (const c10::Error& e) {
-    lost(e.what_without_backtrace());
-  } catch (const std::exception& e) {  // gloo's own IoException
-    lost(e.what());
+  if (shm) {
+    try {
+      shm->all_gather(packed.data(), out.data_ptr<double>());
+    } catch (const HandshakeLost& e) {
+      lost("shared memory", e.what());
+    } catch (const std::logic_error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+  } else {
+    try {
+      gloo._allgather_base(out, in)->wait();
+    } catch (const c10::Error& e) {
+      lost("gloo", e.what_without_backtrace());
+    } catch (const std::exception& e) {  // gloo's own IoException
+      lost("gloo", e.what());
+    }
   }
 
   Agreement a;

@@ -1,8 +1,9 @@
 #pragma once
 // Before a collective moves any data, every rank tells every other what it
 // is about to do: which call, dtype and size, its global device and the
-// virtual time its communication could start. One small gloo all-gather
-// carries it. Then every rank holds the same table and so reaches the same
+// virtual time its communication could start. One small all-gather carries
+// it: through shared memory when every rank runs on one host
+// (shm_handshake.h), else through gloo. Then every rank holds the same table and so reaches the same
 // verdict: a mismatch (or a local error on any rank) raises on every rank,
 // instead of gloo aborting the process or hanging; the collective starts at
 // the latest start among the ranks.
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "dist/present_ranks.h"
+#include "dist/shm_handshake.h"
 
 namespace zion::dist {
 
@@ -70,8 +72,12 @@ struct Agreement {
   bool payload = true;          // false when any rank's tensors are storage-less: no data moves
 };
 
-// All-gathers every present rank's side through `gloo` (the present ranks'
-// group) and checks that they agree. Throws (on every rank alike) when they
+// The doubles one rank's side takes in the all-gather, for a group of `size`.
+int handshake_words(int size);
+
+// All-gathers every present rank's side through `shm` when the group has one
+// (shm_handshake.h: all present ranks on one host), else through `gloo` (the
+// present ranks' group), and checks that they agree. Throws (on every rank alike) when they
 // do not, or when any rank had an error.
 //
 // An absent rank a gets its counterpart p's side, with its own device, the
@@ -81,6 +87,6 @@ struct Agreement {
 //   S[a][j] = S[p][j] for absent j (what p really sends j);
 //   R[a][i] = S[i][a].
 // A present rank's own counts are as it passed them.
-Agreement agree(c10d::Backend& gloo, int rank, const PresentRanks& ranks, const RankSide& mine);
+Agreement agree(c10d::Backend& gloo, ShmHandshake* shm, int rank, const PresentRanks& ranks, const RankSide& mine);
 
 }  // namespace zion::dist

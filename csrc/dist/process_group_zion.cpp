@@ -76,9 +76,14 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
   try {
     algorithm_ = sim::parse_algorithm(options_.algorithm);
     link_model_ = sim::parse_link_model(options_.link_model);
+    shm_ = ShmHandshake::connect(*store_, ranks_.gloo_rank[rank], ranks_.present, handshake_words(size), options_.timeout);
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK_VALUE(false, "zion backend: ", e.what());
   }
+}
+
+void ProcessGroupZion::shutdown() {
+  if (shm_) shm_->leave();
 }
 
 int ProcessGroupZion::comm_stream(c10::DeviceIndex device) {
@@ -203,7 +208,7 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_
   Agreement agreed;
   {
     WithoutPythonObjectsInTls gloo_calls;
-    agreed = agree(*gloo_, getRank(), ranks_, p.side);
+    agreed = agree(*gloo_, shm_.get(), getRank(), ranks_, p.side);
     // Timing-only mode: storage-less tensors have no payload to move; the
     // ranks agreed on everything the model needs all the same.
     if (agreed.payload) {

@@ -4,8 +4,9 @@
 // Data: every collective runs through an inner gloo backend on zero-copy CPU
 // aliases of the zion tensors, so the bytes really move between ranks and
 // the numerics are gloo's. Before any byte moves, the ranks agree (one small
-// gloo all-gather, handshake.h) on what they are doing and when each could
-// start; a mismatch raises on every rank.
+// all-gather, handshake.h: through shared memory when every rank runs on one
+// host, else through gloo) on what they are doing and when each could start;
+// a mismatch raises on every rank.
 //
 // Time: the collective starts at the latest start among the ranks, lasts
 // what sim::CollectiveModel says for the ranks' global devices, and ends at
@@ -37,6 +38,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <functional>
+#include <chrono>
 #include <future>
 #include <map>
 #include <memory>
@@ -92,6 +94,9 @@ class ProcessGroupZion : public c10d::Backend {
     std::vector<int> present;
     // Group rank -> global rank, for the devices of absent ranks; empty: the same.
     std::vector<int> global_ranks;
+    // The group's timeout: how long a handshake through shared memory waits
+    // for the other ranks (gloo's own calls keep gloo's).
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   };
 
   ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -132,6 +137,10 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
   bool supportsCoalescing() const override { return true; }
+  // destroy_process_group: a rank waiting in a handshake for this one is
+  // told it left (the gloo handshake learns it from gloo's closed sockets).
+  void shutdown() override;
+  void abort() override { shutdown(); }
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
@@ -142,6 +151,8 @@ class ProcessGroupZion : public c10d::Backend {
   const RankPlacement& placement() const { return placement_; }
   const PresentRanks& present_ranks() const { return ranks_; }
   const Options& options() const { return options_; }
+  // How the handshake travels: "shm" (all present ranks on one host) or "gloo".
+  std::string handshake() const { return shm_ ? "shm" : "gloo"; }
   CommRecord last() const;
 
  private:
@@ -218,6 +229,7 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
   Options options_;
+  std::unique_ptr<ShmHandshake> shm_;  // null: the handshake goes through gloo
   RankPlacement placement_;
   PresentRanks ranks_;
   sim::Algorithm algorithm_;

@@ -52,7 +52,8 @@ void bind_dist(py::module_& m) {
       "time from the collective model on the device timeline")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
                        int size, int global_rank, int local_rank, int node_rank, const std::string& algorithm,
-                       const std::string& link_model, const std::vector<int>& present, const std::vector<int>& global_ranks) {
+                       const std::string& link_model, const std::vector<int>& present, const std::vector<int>& global_ranks,
+                       double timeout_s) {
              ProcessGroupZion::Options options;
              options.global_rank = global_rank;
              options.local_rank = local_rank;
@@ -61,6 +62,7 @@ void bind_dist(py::module_& m) {
              options.link_model = link_model;
              options.present = present;
              options.global_ranks = global_ranks;
+             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
              try {
                return c10::make_intrusive<ProcessGroupZion>(store, gloo, rank, size, options);
              } catch (const c10::ValueError& e) {
@@ -71,9 +73,13 @@ void bind_dist(py::module_& m) {
            }),
            py::arg("store"), py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("global_rank"),
            py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair",
-           py::arg("present") = std::vector<int>{}, py::arg("global_ranks") = std::vector<int>{},
+           py::arg("present") = std::vector<int>{}, py::arg("global_ranks") = std::vector<int>{}, py::arg("timeout_s") = 1800.0,
            "`gloo` holds the present ranks alone when `present` (group ranks that run as processes) leaves some out; "
-           "`global_ranks` (group rank -> global rank) places the absent ones")
+           "`global_ranks` (group rank -> global rank) places the absent ones; `timeout_s` bounds a handshake through "
+           "shared memory (ZION_HANDSHAKE=gloo, or ranks on different hosts: through gloo, with gloo's timeout)")
+      .def_property_readonly("handshake", &ProcessGroupZion::handshake,
+                             "How the ranks agree on each collective: 'shm' (shared memory; every present rank on this "
+                             "host) or 'gloo'")
       .def_property_readonly("global_device", [](const ProcessGroupZion& pg) { return pg.placement().device; },
                              "The global device (node-major, OAM-minor) the collective model places this rank on")
       .def_property_readonly("algorithm", [](const ProcessGroupZion& pg) { return pg.options().algorithm; },
