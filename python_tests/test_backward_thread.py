@@ -93,3 +93,19 @@ def test_the_environment_variable_keeps_a_worker_thread_per_device_and_refuses_o
     bad = run_python(_THREAD_OF_BACKWARD, check=False, env=child_env(ZION_AUTOGRAD_DEVICE_THREADS="yes"))
     assert bad.returncode != 0
     assert "ZION_AUTOGRAD_DEVICE_THREADS='yes'" in bad.stderr and "expected 0" in bad.stderr
+
+
+def test_a_cpu_backward_leaves_the_device_unstarted():
+    # autograd's engine asks every registered device for its count at a
+    # process's first backward pass; zion answers without starting itself,
+    # so a CPU-only process (a gloo rank beside zion ones) never starts it.
+    run_python("""
+        import torch, zion_emu
+        x = torch.randn(8, requires_grad=True)
+        (x * 2).sum().backward()
+        assert not torch.zion.is_initialized()
+        zion_emu.set_platform("hgx-h100")  # still the script's choice
+        y = torch.ones(4, device="zion", requires_grad=True)
+        (y * 3).sum().backward()
+        assert torch.zion.get_device_name() == "hgx-h100 OAM" and y.grad.cpu().tolist() == [3.0] * 4
+    """)

@@ -69,9 +69,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return exchange_stream(s); }
   c10::DeviceCapability getDeviceCapability(c10::Device /*device*/) const override { return {}; }
+  // Does not start the device: autograd's engine asks every registered
+  // device at a process's first backward pass.
   c10::DeviceIndex deviceCount() const noexcept override {
     try {
-      return device_count();
+      return device_count_unstarted();
     } catch (...) {
       return 0;
     }

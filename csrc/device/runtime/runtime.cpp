@@ -131,6 +131,17 @@ void set_platform(const sim::Platform& platform) {
 
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }
 
+c10::DeviceIndex device_count_unstarted() {
+  if (initialized()) return device_count();
+  static std::once_flag once;
+  static c10::DeviceIndex count = 0;
+  std::call_once(once, [] {
+    const char* name = std::getenv("ZION_PLATFORM");
+    count = static_cast<c10::DeviceIndex>(sim::load_platform(name && *name ? name : "zion").oam.count);
+  });
+  return initialized() ? device_count() : count;
+}
+
 void check_device(c10::DeviceIndex index) {
   auto n = device_count();
   TORCH_CHECK_INDEX(index >= 0 && index < n, "zion: device index ", static_cast<int>(index),

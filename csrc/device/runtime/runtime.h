@@ -50,6 +50,11 @@ void set_platform(const sim::Platform& platform);
 bool initialized();
 
 c10::DeviceIndex device_count();
+// The device count without starting the device: the started platform's, or
+// the one the first use would load (ZION_PLATFORM, else the zion preset). For
+// callers that only size things by it, as autograd's engine does at its
+// first backward pass in every process, zion used or not.
+c10::DeviceIndex device_count_unstarted();
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
 // Throws an error naming the allowed range for an index that is not a device.
