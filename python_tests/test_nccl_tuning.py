@@ -352,6 +352,14 @@ def test_pipeline_broadcast_is_a_chain_of_chunks():
         == (24, 2 * MIB, 512 * KIB, 4, 7, 1)
     h = 512 * KIB / 10e3
     assert lau["time"] * 1e6 == approx(8.4 + 10 * h + 7 * 3.4, rel=1e-12)
+    # 4,096 B more a channel: a fifth, smaller chunk (h' = 0.4096 us) trails the four. Rank m has sent chunk 4
+    # at (m + 4) h + m x 3.4; the small one follows at once (it arrived earlier), so the last rank is done at
+    # 10 h + 6 x 3.4 + h' and the chunk arrives a hop later.
+    more = _a100_tuning().launch("broadcast", 24 * (2 * MIB + 4096), "Ring", "Simple")
+    assert (more["channel_bytes"], more["loops"], more["last_chunk_bytes"]) == (2 * MIB + 4096, 5, 4096)
+    assert more["time"] * 1e6 == approx(8.4 + 10 * h + 7 * 3.4 + 0.4096, rel=1e-12)
+    # A petabyte is counted, not walked chunk by chunk.
+    assert _a100_tuning().launch("broadcast", 1e15, "Ring", "Simple")["loops"] == approx(1e15 / 24 / (512 * KIB), rel=1e-6)
 
 
 def test_pipeline_small_calls_launch_fewer_channels_and_threads():

@@ -184,18 +184,19 @@ Seconds ring_loop(int sends, const std::vector<double>& slices, double bandwidth
 
 // A chain of `hops` (broadcast.h / reduce.h runRing: the root's chunks pass rank to rank): chunk i leaves rank
 // m once rank m has sent chunk i - 1 and chunk i has arrived from rank m - 1 (a hop after it left there); the
-// call ends when the last chunk reaches the chain's end.
-Seconds chain(int hops, const std::vector<double>& chunks, double bandwidth, Seconds hop) {
-  std::vector<Seconds> done(hops, 0.0);  // when rank m last finished sending
-  for (double c : chunks) {
-    Seconds arrived = 0;
-    for (int m = 0; m < hops; ++m) {
-      const Seconds start = m == 0 ? done[0] : std::max(done[m], arrived);
-      done[m] = start + c / bandwidth;
-      arrived = done[m] + hop;
-    }
+// call ends when the last chunk reaches the chain's end. With `full` chunks of h seconds every path through
+// (rank, chunk) has the same length, so rank m finishes chunk i at (m + i + 1) h + m x hop; a smaller last
+// chunk of `last` seconds follows those.
+Seconds chain(int hops, double full, Seconds h, Seconds last, Seconds hop) {
+  if (hops <= 0) return 0;
+  Seconds arrived = 0, done = 0;
+  for (int m = 0; m < hops; ++m) {
+    const Seconds prev = full > 0 ? (m + full) * h + m * hop : 0;  // rank m done with chunk full - 1
+    const Seconds start = std::max(prev, m == 0 ? 0.0 : arrived);
+    done = start + last;
+    arrived = done + hop;
   }
-  return hops > 0 ? done[hops - 1] + hop : 0;
+  return arrived;
 }
 
 int log2_floor(double bytes) {
@@ -429,11 +430,12 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
   if (chained) {
     // One chunk per loop down a chain of n - 1 hops.
     l.sends = n - 1;
-    l.loops = W > 0 ? static_cast<int>(div_up(W, l.chunk_bytes)) : 0;
+    l.loops = W > 0 ? static_cast<long long>(div_up(W, l.chunk_bytes)) : 0;
     l.last_chunk_bytes = l.loops > 0 ? W - (l.loops - 1) * l.chunk_bytes : 0;
-    std::vector<double> chunks(l.loops, l.chunk_bytes);
-    if (l.loops > 0) chunks.back() = l.last_chunk_bytes;
-    t = chain(n - 1, chunks, l.channel_bandwidth, l.hop_latency);
+    if (l.loops > 0) {
+      t = chain(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth, l.last_chunk_bytes / l.channel_bandwidth,
+                l.hop_latency);
+    }
   } else {
     // all_reduce: a loop covers nRanks chunks (one per rank, 2(n-1) sends); the last loop's chunk is the rest
     // over nRanks, aligned (computeCollLastChunkInfo), and a send moves at most what is left of the loop.
@@ -443,7 +445,7 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
     const double loop_bytes = all_reduce ? n * l.chunk_bytes : l.chunk_bytes;
     const double full = std::floor(W / loop_bytes);
     const double rest = W - full * loop_bytes;
-    l.loops = static_cast<int>(full) + (rest > 0 ? 1 : 0);
+    l.loops = static_cast<long long>(full) + (rest > 0 ? 1 : 0);
     l.last_chunk_bytes = rest > 0 ? (all_reduce ? std::min(div_up(div_up(rest, n), align) * align, rest) : rest)
                                   : (full > 0 ? l.chunk_bytes : 0);
     if (full > 0) {

@@ -88,7 +88,7 @@ struct NcclLaunch {
   int threads = 0;             // per channel
   double channel_bytes = 0;    // bytes of the busiest channel (all_gather / reduce_scatter: of each rank's piece)
   double chunk_bytes = 0;      // the protocol's chunk of data (computeCollChunkInfo)
-  int loops = 0;               // iterations of the kernel's loop over the channel's bytes
+  long long loops = 0;         // iterations of the kernel's loop over the channel's bytes
   double last_chunk_bytes = 0; // the chunk of the last loop (all_reduce: lastChunkCount)
   int sends = 0;               // sends per loop (broadcast / reduce: hops of the chain)
   int slices = 1;              // slices per chunk (Simple: CHUNKSTEPS / SLICESTEPS)
