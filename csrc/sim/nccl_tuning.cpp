@@ -344,14 +344,6 @@ std::vector<NcclChoice> NcclTuning::candidates(CollectiveOp op, double bytes) co
   return out;
 }
 
-const char* nccl_time_model_name(NcclTimeModel m) { return m == NcclTimeModel::kPipeline ? "pipeline" : "tuner"; }
-
-NcclTimeModel parse_nccl_time_model(const std::string& name) {
-  if (name == "tuner") return NcclTimeModel::kTuner;
-  if (name == "pipeline") return NcclTimeModel::kPipeline;
-  throw std::invalid_argument("NCCL time model '" + name + "' is unknown; allowed: tuner, pipeline");
-}
-
 int NcclTuning::collective_channels() const {
   // src/graph/connect.cc ncclTopoPostset: the search's channels, min(ring, tree), doubled, up to MAXCHANNELS.
   const int ring = graphs_[static_cast<int>(NcclAlgorithm::kRing)].channels;
@@ -433,8 +425,8 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
     l.loops = W > 0 ? static_cast<long long>(div_up(W, l.chunk_bytes)) : 0;
     l.last_chunk_bytes = l.loops > 0 ? W - (l.loops - 1) * l.chunk_bytes : 0;
     if (l.loops > 0) {
-      t = chain(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth, l.last_chunk_bytes / l.channel_bandwidth,
-                l.hop_latency);
+      t = chain(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth,
+                l.last_chunk_bytes / l.channel_bandwidth, l.hop_latency);
     }
   } else {
     // all_reduce: a loop covers nRanks chunks (one per rank, 2(n-1) sends); the last loop's chunk is the rest

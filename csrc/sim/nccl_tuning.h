@@ -66,10 +66,8 @@ struct NcclTuningInput {
   bool nvls = false;            // NVLink SHARP available (NCCL needs compute capability >= 90 too)
 };
 
+// collectives.nccl_tuner.time_model: "tuner" or "pipeline".
 enum class NcclTimeModel { kTuner = 0, kPipeline };
-const char* nccl_time_model_name(NcclTimeModel m);  // "tuner", "pipeline"
-// Throws std::invalid_argument naming the value and the allowed ones.
-NcclTimeModel parse_nccl_time_model(const std::string& name);
 
 struct NcclChoice {
   NcclAlgorithm algorithm = NcclAlgorithm::kRing;
@@ -92,7 +90,8 @@ struct NcclLaunch {
   double last_chunk_bytes = 0; // the chunk of the last loop (all_reduce: lastChunkCount)
   int sends = 0;               // sends per loop (broadcast / reduce: hops of the chain)
   int slices = 1;              // slices per chunk (Simple: CHUNKSTEPS / SLICESTEPS)
-  double channel_bandwidth = 0;// bytes/s of one channel: the tuner's ring bus bandwidth for the launched channels / those channels
+  // bytes/s of one channel: the tuner's ring bus bandwidth for the launched channels, over those channels
+  double channel_bandwidth = 0;
   Seconds hop_latency = 0;     // hwLat[NVLINK][Ring][protocol]
   Seconds base_latency = 0;    // baseLat[Ring][protocol]
   Seconds time = 0;            // base latency + the busiest channel's loops
