@@ -4,10 +4,13 @@
     python bench/calibration.py --channels  # also: the channels NCCL launches per size
 
 Published rows: bench/reference/nccl_tests_published.json (each with its source).
-Two models side by side: "before" is the topology model (collectives.nccl_tuner
-off: the sim's algorithms on the preset's links, no protocols), "after" is
-NCCL's own tuning model (the presets' default). Errors are modeled / published
-- 1 on time; the geomeans are of modeled / published and of max(r, 1/r).
+Three models side by side: "before" is the topology model (collectives.nccl_tuner
+off: the sim's algorithms on the preset's links, no protocols); "tuner" is
+NCCL's own tuning model (the presets' default, collectives.nccl_tuner.time_model
+= "tuner"); "pipeline" keeps the tuner's choice and times it by NCCL's ring
+kernels' chunks, loops and steps (time_model = "pipeline"; Tree and NVLS keep
+the tuner's time). Errors are modeled / published - 1 on time; the geomeans are
+of modeled / published and of max(r, 1/r).
 """
 
 from __future__ import annotations
@@ -101,27 +104,30 @@ def main() -> None:
     args = parser.parse_args()
     published = json.loads(REFERENCE.read_text())
     for name, ref in published.items():
-        after = zion_emu.load_platform(name)
-        before = zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.enabled": False})
+        models = {
+            "before": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.enabled": False}),
+            "tuner": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.time_model": "tuner"}),
+            "pipeline": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.time_model": "pipeline"}),
+        }
         print(f"\n### {name} all_reduce, 8 ranks — published: {ref['source']}\n")
-        print("| size (B) | published (us) | before (us) | error before | after (us) | error after | "
-              "after: algorithm/protocol |")
-        print("|---:|---:|---:|---:|---:|---:|---|")
-        ratios_before: dict[int, float] = {}
-        ratios_after: dict[int, float] = {}
+        print("| size (B) | published (us) | before (us) | error | tuner (us) | error | pipeline (us) | error | "
+              "chosen |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        ratios: dict[str, dict[int, float]] = {m: {} for m in models}
         for row in ref["rows"]:
-            b = sim.collective(before, "all_reduce", row["bytes"], 8)
-            a = sim.collective(after, "all_reduce", row["bytes"], 8)
-            rb = b.time * 1e6 / row["time_us"]
-            ra = a.time * 1e6 / row["time_us"]
-            ratios_before[row["bytes"]] = rb
-            ratios_after[row["bytes"]] = ra
-            shown = f"{a.algorithm}/{a.protocol}" if a.protocol else a.algorithm
-            print(f"| {row['bytes']} | {row['time_us']:.2f} | {b.time * 1e6:.2f} | {(rb - 1) * 100:+.1f}% | "
-                  f"{a.time * 1e6:.2f} | {(ra - 1) * 100:+.1f}% | {shown} |")
+            cells = []
+            shown = ""
+            for m, platform in models.items():
+                r = sim.collective(platform, "all_reduce", row["bytes"], 8)
+                ratio = r.time * 1e6 / row["time_us"]
+                ratios[m][row["bytes"]] = ratio
+                cells.append(f"{r.time * 1e6:.2f} | {(ratio - 1) * 100:+.1f}%")
+                if m == "tuner":
+                    shown = f"{r.algorithm}/{r.protocol}" if r.protocol else r.algorithm
+            print(f"| {row['bytes']} | {row['time_us']:.2f} | {' | '.join(cells)} | {shown} |")
         print()
-        print(_summary("before", ratios_before))
-        print(_summary("after", ratios_after))
+        for m in models:
+            print(_summary(m, ratios[m]))
         if args.channels:
             _channels(name, ref)
 

@@ -78,3 +78,23 @@ def test_the_channels_nccl_launches_worked_by_hand():
     assert c.launched_channels("Ring", "Simple", 8, 8, 24) == 1
     assert c.launched_channels("Tree", "LL", 64 << 10, 8, 24) == 16  # 16 x 4,096
     assert c.launched_channels("NVLS", "Simple", 8, 8, 24) == 16  # NCCL_NVLS_NCHANNELS
+
+
+def test_the_pipeline_launches_the_channels_the_script_counts():
+    # bench/calibration.py's count (getChannnelThreadInfo) and the C++ pipeline model's agree for ring LL and
+    # Simple at the power-of-two sizes of the published runs: their 4,096-byte alignment divides every share.
+    # LL128 then splits the bytes in pieces aligned to 480 B x 20 warps = 9,600 B (addTunedCollToPlan), which
+    # leaves channels idle: 1 MiB over 24 is ceil(43,691 / 9,600) = 5 x 9,600 = 48,000 B a channel, so
+    # ceil(1,048,576 / 48,000) = 22 channels run.
+    c = _calibration_script()
+    t = sim.NcclTuning(80, 8, 240.0, False)
+    channels = c.coll_channels(min(t.graph("Ring")[0], t.graph("Tree")[0]))
+    assert channels == t.collective_channels == 24
+    for proto in ("LL", "Simple"):
+        for log2 in range(3, 34):
+            size = 1 << log2
+            assert t.launch("all_reduce", size, "Ring", proto)["channels"] == \
+                c.launched_channels("Ring", proto, size, 8, channels), (proto, size)
+    assert c.launched_channels("Ring", "LL128", 1 << 20, 8, channels) == 24
+    lau = t.launch("all_reduce", 1 << 20, "Ring", "LL128")
+    assert (lau["threads"], lau["channel_bytes"], lau["channels"]) == (640, 48000, 22)

@@ -270,3 +270,155 @@ def test_bench_collectives_table_shows_the_protocol(name):
     js = _json.loads(zion_emu_cli(*args, "--json", timeout_s=180).stdout)
     assert [(r["bytes"], f"{r['algorithm']}/{r['protocol']}") for r in js] == [(small, small_shown), (large, large_shown)]
     assert [r["time_ns"] for r in js] == [approx(small_us * 1e3, abs=1e-3), approx(large_us * 1e3, abs=1e-3)]
+
+
+# ---------------------------------------------------------------------------
+# The pipeline time model (collectives.nccl_tuner.time_model = "pipeline"):
+# NCCL v2.21.5's ring kernels, worked by hand. Figures: src/init.cc buffers
+# (LL 8 lines x 512 threads x 8 steps x 16 B = 512 KiB, 64 KiB a step, 32 KiB of
+# data; Simple 4 MiB, 512 KiB a step, all_reduce / all_gather chunks of
+# NCCL_STEPS / 2 = 4 steps = 2 MiB in 2 slices; broadcast chunks of 1 step),
+# src/enqueue.cc (channels launched, threads, aligned split over channels, last
+# chunk), src/graph/tuning.cc (baseLat, hwLat[NVLINK][Ring]: LL 6.6 / 0.6 us,
+# Simple 8.4 / 3.4 us). A100: 24 collective channels (12 search channels
+# doubled); with all 24 launched a channel's bandwidth is the ring's bus
+# bandwidth / 24: LL 87.7 GB/s / 24, Simple 240 / 24 = 10 GB/s.
+
+def _a100_tuning():
+    return sim.NcclTuning(80, 8, 240.0, False)
+
+
+def test_pipeline_one_mib_all_reduce_ring_ll_on_8_ranks_by_hand():
+    t = _a100_tuning()
+    assert t.collective_channels == 24
+    lau = t.launch("all_reduce", MIB, "Ring", "LL")
+    # Channels: 1 MiB >= 24 x 512 threads x (8 x 8 ranks) = 786,432, so all 24; threads stay 512.
+    # Split: ceil(1,048,576 / 24) = 43,691 rounded up to LL's alignment 8 B x 512 = 4,096 -> 45,056
+    # (11 x 4,096); 1 MiB / 45,056 -> 24 channels. A loop covers 8 ranks x 32 KiB = 256 KiB > 45,056:
+    # one loop, whose chunk is ceil(45,056 / 8) = 5,632 rounded up to 4,096 -> 8,192 B.
+    # 14 sends of 8,192 B, each 8,192 / (87.7e9 / 24) s plus a 0.6 us hop.
+    assert (lau["modeled"], lau["channels"], lau["threads"], lau["channel_bytes"]) == (True, 24, 512, 45056)
+    assert (lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"], lau["sends"], lau["slices"]) == \
+        (32768, 1, 8192, 14, 1)
+    assert lau["channel_bandwidth"] == approx(87.7e9 / 24)
+    step_us = 8192 / (87.7e3 / 24) + 0.6  # 2.2418 + 0.6
+    assert lau["time"] * 1e6 == approx(6.6 + 14 * step_us, rel=1e-12)  # 46.39 us
+    # The tuner's own price of the same pair: 15.0 + 1 MiB / 50.114 GB/s = 35.92 us.
+    assert t.choose("all_reduce", MIB)[:2] == ("Ring", "LL")
+    assert t.choose("all_reduce", MIB)[2] * 1e6 == approx(us(15.0, MIB, A100_BW[("Ring", "LL")]))
+
+
+def test_pipeline_32_mib_all_reduce_ring_simple_hides_the_hop_behind_the_second_slice():
+    lau = _a100_tuning().launch("all_reduce", 32 * MIB, "Ring", "Simple")
+    # 32 MiB / 24 = 1,398,101.3 -> 1,398,102 rounded up to 4,096 -> 1,400,832 (342 x 4,096); 24 channels.
+    # Threads 512 + a sync warp. One loop (8 x 2 MiB > 1,400,832): chunk ceil(1,400,832 / 8) = 175,104 ->
+    # 176,128 (43 x 4,096), cut in 2 slices of 88,064 B (above 512 KiB x 2 / 32 = 32 KiB).
+    assert (lau["channels"], lau["threads"], lau["channel_bytes"], lau["loops"], lau["last_chunk_bytes"],
+            lau["slices"]) == (24, 544, 1400832, 1, 176128, 2)
+    # A slice takes h = 88,064 / 10e9 s = 8.8064 us > the 3.4 us hop: slice 0 of send j arrives (h + 3.4 after
+    # it started) before the rank has sent slice 1 of send j - 1, so the channel never waits:
+    # 14 sends x 2 slices x h, then the last hop; plus the base latency.
+    h = 88064 / 10e3
+    assert lau["time"] * 1e6 == approx(8.4 + 28 * h + 3.4, rel=1e-12)  # 258.38 us
+
+
+def test_pipeline_all_gather_latency_bound_slices_fill_and_drain():
+    # 12 MiB gathered: each rank's 1.5 MiB piece / 24 channels = 65,536 B per channel (aligned), one loop of
+    # one chunk of 65,536 in 2 slices of 32,768 (= 512 KiB x 2 / 32). h = 3.2768 us < the 3.4 us hop, so the
+    # slices wait on the ring: slice 0 of send j starts j (h + 3.4) in, and the last of 7 sends ends at
+    # (7 + 2 - 1) h + 6 x 3.4, the receive a hop later: (sends + slices - 1) h + sends x hop.
+    lau = _a100_tuning().launch("all_gather", 12 * MIB, "Ring", "Simple")
+    assert (lau["channels"], lau["channel_bytes"], lau["loops"], lau["last_chunk_bytes"], lau["sends"],
+            lau["slices"]) == (24, 65536, 1, 65536, 7, 2)
+    h = 32768 / 10e3
+    assert lau["time"] * 1e6 == approx(8.4 + 8 * h + 7 * 3.4, rel=1e-12)  # 58.41 us
+
+
+def test_pipeline_all_reduce_loops_run_one_after_another():
+    # 768 MiB: 32 MiB per channel = 2 loops of 8 x 2 MiB, chunks of 2 MiB in 2 slices of 1 MiB
+    # (h = 104.8576 us, bandwidth-bound): each loop 28 h + 3.4, the loops in sequence.
+    lau = _a100_tuning().launch("all_reduce", 768 * MIB, "Ring", "Simple")
+    assert (lau["channel_bytes"], lau["loops"], lau["last_chunk_bytes"]) == (32 * MIB, 2, 2 * MIB)
+    h = MIB / 10e3
+    assert lau["time"] * 1e6 == approx(8.4 + 2 * (28 * h + 3.4), rel=1e-12)
+
+
+def test_pipeline_broadcast_is_a_chain_of_chunks():
+    # 48 MiB: 2 MiB per channel = 4 chunks of one 512 KiB step (BROADCAST_CHUNKSTEPS 1) down 7 hops. The last
+    # rank has the last chunk after (4 chunks + 7 hops - 1) x h + 6 hops' latency, and a hop later it arrives:
+    # (k + n - 2) h + (n - 1) x 3.4, h = 524,288 / 10e9 s.
+    lau = _a100_tuning().launch("broadcast", 48 * MIB, "Ring", "Simple")
+    assert (lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"], lau["sends"], lau["slices"]) \
+        == (24, 2 * MIB, 512 * KIB, 4, 7, 1)
+    h = 512 * KIB / 10e3
+    assert lau["time"] * 1e6 == approx(8.4 + 10 * h + 7 * 3.4, rel=1e-12)
+    # 4,096 B more a channel: a fifth, smaller chunk (h' = 0.4096 us) trails the four. Rank m has sent chunk 4
+    # at (m + 4) h + m x 3.4; the small one follows at once (it arrived earlier), so the last rank is done at
+    # 10 h + 6 x 3.4 + h' and the chunk arrives a hop later.
+    more = _a100_tuning().launch("broadcast", 24 * (2 * MIB + 4096), "Ring", "Simple")
+    assert (more["channel_bytes"], more["loops"], more["last_chunk_bytes"]) == (2 * MIB + 4096, 5, 4096)
+    assert more["time"] * 1e6 == approx(8.4 + 10 * h + 7 * 3.4 + 0.4096, rel=1e-12)
+    # A petabyte is counted, not walked chunk by chunk.
+    huge = _a100_tuning().launch("broadcast", 1e15, "Ring", "Simple")
+    assert huge["loops"] == approx(1e15 / 24 / (512 * KIB), rel=1e-6)
+
+
+def test_pipeline_small_calls_launch_fewer_channels_and_threads():
+    # 64 KiB ring LL: 65,536 < c x 512 x 64 down to c = 2; threads stay 512 (65,536 = 2 x 512 x 64).
+    # Split 32,768 per channel (aligned to 4,096); chunk ceil(32,768 / 8) = 4,096.
+    lau = _a100_tuning().launch("all_reduce", 64 * KIB, "Ring", "LL")
+    assert (lau["channels"], lau["threads"], lau["channel_bytes"], lau["last_chunk_bytes"]) == (2, 512, 32768, 4096)
+    # Bandwidth: the tuner's ring LL formula for 2 of the 24 channels: 240 GB/s x 2/24 = 20, LL min(87.7, 20 x
+    # 0.5) = 10 GB/s, 5 GB/s a channel (llMaxBw caps all the channels together, and 2 do not reach it).
+    assert lau["channel_bandwidth"] == approx(5e9)
+    assert lau["time"] * 1e6 == approx(6.6 + 14 * (4096 / 5e3 + 0.6), rel=1e-12)
+    # 8 B: one channel; threads 512 -> 256 -> 128 -> 64 (8 < 1 x 64 x 64), then the 3-warp floor: 96.
+    # The step moves what is there: 8 B.
+    tiny = _a100_tuning().launch("all_reduce", 8, "Ring", "LL")
+    assert (tiny["channels"], tiny["threads"], tiny["channel_bytes"], tiny["last_chunk_bytes"]) == (1, 96, 8, 8)
+    assert tiny["channel_bandwidth"] == approx(5e9)  # min(87.7, 240 / 24 x 0.5)
+    assert tiny["time"] * 1e6 == approx(6.6 + 14 * (8 / 5e3 + 0.6), rel=1e-12)
+
+
+def test_pipeline_keeps_tree_and_nvls_at_the_tuners_price():
+    t = sim.NcclTuning(90, 8, 370.8, True)
+    for algo, proto in [("NVLS", "Simple"), ("Tree", "LL128")]:
+        lau = t.launch("all_reduce", 8 * MIB, algo, proto)
+        tuner = next(c for c in t.candidates("all_reduce", 8 * MIB) if (c["algorithm"], c["protocol"]) == (algo, proto))
+        assert lau["modeled"] is False and lau["time"] == tuner["time"]
+
+
+def test_pipeline_launch_rejects_what_nccl_does_not_offer():
+    t = _a100_tuning()
+    with pytest.raises(ValueError, match="allowed: LL, LL128, Simple"):
+        t.launch("all_reduce", MIB, "Ring", "LL64")
+    with pytest.raises(ValueError, match="allowed: Tree, Ring, NVLS"):
+        t.launch("all_reduce", MIB, "Star", "LL")
+    with pytest.raises(ValueError, match="NVLS"):
+        t.launch("all_reduce", MIB, "NVLS", "Simple")  # no NVLS on this A100 node
+    with pytest.raises(ValueError, match="all_to_all"):
+        t.launch("all_to_all", MIB, "Ring", "Simple")
+
+
+@pytest.mark.parametrize("name", ["hgx-a100", "hgx-h100"])
+def test_time_model_option_prices_the_tuners_choice(name):
+    tuner = zion_emu.load_platform(name)
+    assert tuner.get("collectives.nccl_tuner.time_model") == "tuner"
+    pipe = zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.time_model": "pipeline"})
+    p = tuner
+    t = sim.NcclTuning(p.get("collectives.nccl_tuner.compute_capability"), 8,
+                       p.get("fabric.links_per_pair") * p.get("fabric.link_bandwidth_gb_per_s"),
+                       p.get("fabric.in_switch_reduction"))
+    for size in (8, 64 * KIB, MIB, 32 * MIB, GIB):
+        algo, proto, tuner_s = t.choose("all_reduce", size)
+        a = sim.collective(tuner, "all_reduce", size, 8)
+        b = sim.collective(pipe, "all_reduce", size, 8)
+        # The same choice; the time is the tuner's or the launch's.
+        assert (a.algorithm, a.protocol) == (b.algorithm, b.protocol) and a.protocol == proto
+        assert a.time == approx(tuner_s, rel=1e-12)
+        assert b.time == approx(t.launch("all_reduce", size, algo, proto)["time"], rel=1e-12)
+
+
+def test_time_model_must_be_tuner_or_pipeline():
+    with pytest.raises(Exception, match=r"time_model.*allowed.*tuner.*pipeline|tuner, pipeline"):
+        zion_emu.load_platform("hgx-a100", overrides={"collectives.nccl_tuner.time_model": "fast"})

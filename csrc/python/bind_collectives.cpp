@@ -151,7 +151,49 @@ void bind_collectives(py::module_& sim) {
             const NcclChoice c = t.choose(parse_collective_op(op), bytes);
             return py::make_tuple(nccl_algorithm_name(c.algorithm), nccl_protocol_name(c.protocol), c.time);
           },
-          py::arg("op"), py::arg("bytes"), "(algorithm, protocol, seconds) of least time");
+          py::arg("op"), py::arg("bytes"), "(algorithm, protocol, seconds) of least time")
+      .def_property_readonly("collective_channels", &NcclTuning::collective_channels,
+                             "the communicator's collective channels (2 x min(ring, tree) search channels, <= 32)")
+      .def(
+          "launch",
+          [](const NcclTuning& t, const std::string& op, double bytes, const std::string& algorithm,
+             const std::string& protocol) {
+            int a = -1, p = -1;
+            for (int i = 0; i < kNcclAlgorithms; ++i) {
+              if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(i))) a = i;
+            }
+            for (int i = 0; i < kNcclProtocols; ++i) {
+              if (protocol == nccl_protocol_name(static_cast<NcclProtocol>(i))) p = i;
+            }
+            if (a < 0) throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
+            if (p < 0) throw py::value_error("unknown NCCL protocol '" + protocol + "'; allowed: LL, LL128, Simple");
+            NcclLaunch l;
+            try {
+              l = t.launch(parse_collective_op(op), bytes, static_cast<NcclAlgorithm>(a), static_cast<NcclProtocol>(p));
+            } catch (const std::invalid_argument& e) {
+              throw py::value_error(e.what());
+            }
+            py::dict d;
+            d["modeled"] = l.modeled;
+            d["collective_channels"] = l.collective_channels;
+            d["channels"] = l.channels;
+            d["threads"] = l.threads;
+            d["channel_bytes"] = l.channel_bytes;
+            d["chunk_bytes"] = l.chunk_bytes;
+            d["loops"] = l.loops;
+            d["last_chunk_bytes"] = l.last_chunk_bytes;
+            d["sends"] = l.sends;
+            d["slices"] = l.slices;
+            d["channel_bandwidth"] = l.channel_bandwidth;
+            d["hop_latency"] = l.hop_latency;
+            d["base_latency"] = l.base_latency;
+            d["time"] = l.time;
+            return d;
+          },
+          py::arg("op"), py::arg("bytes"), py::arg("algorithm"), py::arg("protocol"),
+          "The pipeline model of one call of (algorithm, protocol): channels launched, threads, the busiest "
+          "channel's bytes, chunk, loops, last chunk, sends per loop, slices per chunk, channel bandwidth "
+          "(bytes/s), hop and base latency and time (s). Tree and NVLS: modeled False and the tuner's time");
 
   py::class_<CollectiveModel, std::shared_ptr<CollectiveModel>>(sim, "CollectiveModel",
                                                                "Times collectives among devices of a platform or topology")

@@ -107,6 +107,8 @@ struct CollectiveSettings {
   int nccl_compute_capability = 0;
   double nccl_nvlink_gb_per_s = 0;
   bool nccl_nvls = false;
+  // Time the tuner's choice by NCCL's ring pipeline (collectives.nccl_tuner.time_model = "pipeline").
+  bool nccl_pipeline = false;
 };
 
 class CollectiveModel {

@@ -66,6 +66,7 @@ CollectiveModel::CollectiveModel(const Platform& p)
     settings_.nccl_compute_capability = p.collectives.nccl_tuner.compute_capability;
     settings_.nccl_nvlink_gb_per_s = p.fabric.links_per_pair * p.fabric.link_bandwidth / kGB;
     settings_.nccl_nvls = p.fabric.in_switch_reduction;
+    settings_.nccl_pipeline = p.collectives.nccl_tuner.time_model == "pipeline";
   }
 }
 
@@ -194,9 +195,11 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
     result.time = request.link_model == LinkModel::kAstra ? 0 : settings_.base_latency;
     result.closed_form = true;
   } else if (nccl) {
-    // NCCL's tuner: the (algorithm, protocol) of least modeled time.
+    // NCCL's tuner: the (algorithm, protocol) of least modeled time, timed
+    // by the tuner or by the ring pipeline.
     const NcclChoice c = nccl->choose(request.op, request.bytes);
-    result.time = c.time;
+    result.time = nccl->time(request.op, request.bytes, c,
+                             settings_.nccl_pipeline ? NcclTimeModel::kPipeline : NcclTimeModel::kTuner);
     result.algorithm = model_algorithm(c.algorithm);
     result.protocol = nccl_protocol_name(c.protocol);
     result.closed_form = true;

@@ -21,6 +21,18 @@
 // Sizes are NCCL's nBytes, which are the nccl-tests sizes: the buffer of
 // all_reduce, broadcast and reduce, the gathered output of all_gather and the
 // input of reduce_scatter.
+//
+// Two time models (collectives.nccl_tuner.time_model). "tuner" prices the
+// chosen pair by the tuner's own latency + bytes / bandwidth. "pipeline"
+// keeps the tuner's choice and times it the way NCCL's ring kernels run it
+// (launch(): src/enqueue.cc, src/device/all_reduce.h, all_gather.h,
+// reduce_scatter.h, broadcast.h, reduce.h, prims_simple.h): the channels
+// launched, the bytes of the busiest channel, the protocol's chunk, the
+// kernel's loops over the channel's bytes, and per loop the ring's sends
+// (2(n-1) for all_reduce, n-1 for all_gather / reduce_scatter, a chain of n-1
+// hops for broadcast / reduce), each send's slices taking bytes / channel
+// bandwidth and reaching the next rank a hop latency later. Tree and NVLS keep
+// the tuner's time in both models.
 
 #include <array>
 #include <string>
@@ -54,12 +66,35 @@ struct NcclTuningInput {
   bool nvls = false;            // NVLink SHARP available (NCCL needs compute capability >= 90 too)
 };
 
+// collectives.nccl_tuner.time_model: "tuner" or "pipeline".
+enum class NcclTimeModel { kTuner = 0, kPipeline };
+
 struct NcclChoice {
   NcclAlgorithm algorithm = NcclAlgorithm::kRing;
   NcclProtocol protocol = NcclProtocol::kSimple;
   Seconds time = 0;
   Seconds latency = 0;
   double bandwidth = 0;  // algorithm bandwidth, bytes/s, after the tree correction factor
+};
+
+// How NCCL v2.21.5 runs one call of a ring (algorithm, protocol), and the
+// time that takes on the busiest channel (the channels run in parallel).
+struct NcclLaunch {
+  bool modeled = false;        // false: Tree and NVLS, timed by the tuner in both models
+  int collective_channels = 0; // the communicator's (ncclTopoPostset: 2 x min(ring, tree) search channels, <= 32)
+  int channels = 0;            // launched (enqueue.cc getChannnelThreadInfo, then addTunedCollToPlan)
+  int threads = 0;             // per channel
+  double channel_bytes = 0;    // bytes of the busiest channel (all_gather / reduce_scatter: of each rank's piece)
+  double chunk_bytes = 0;      // the protocol's chunk of data (computeCollChunkInfo)
+  long long loops = 0;         // iterations of the kernel's loop over the channel's bytes
+  double last_chunk_bytes = 0; // the chunk of the last loop (all_reduce: lastChunkCount)
+  int sends = 0;               // sends per loop (broadcast / reduce: hops of the chain)
+  int slices = 1;              // slices per chunk (Simple: CHUNKSTEPS / SLICESTEPS)
+  // bytes/s of one channel: the tuner's ring bus bandwidth for the launched channels, over those channels
+  double channel_bandwidth = 0;
+  Seconds hop_latency = 0;     // hwLat[NVLINK][Ring][protocol]
+  Seconds base_latency = 0;    // baseLat[Ring][protocol]
+  Seconds time = 0;            // base latency + the busiest channel's loops
 };
 
 class NcclTuning {
@@ -82,6 +117,12 @@ class NcclTuning {
   // The fastest pair; `only` restricts it to one algorithm (nullptr: all).
   // Throws std::invalid_argument if no pair is offered.
   NcclChoice choose(CollectiveOp op, double bytes, const NcclAlgorithm* only = nullptr) const;
+  // The pipeline model of one call (see above); Tree and NVLS come back
+  // with modeled = false and the tuner's time.
+  NcclLaunch launch(CollectiveOp op, double bytes, NcclAlgorithm a, NcclProtocol p) const;
+  // The chosen pair's time under `model`.
+  Seconds time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const;
+  int collective_channels() const;
 
  private:
   static int op_index(CollectiveOp op);

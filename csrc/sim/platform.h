@@ -117,6 +117,10 @@ struct AstraSpec {
 struct NcclTunerSpec {
   bool enabled = false;
   int compute_capability = 0;  // 70, 80 or 90
+  // How the chosen (algorithm, protocol) is timed: "tuner" (the tuner's own
+  // latency + bytes / bandwidth) or "pipeline" (NCCL's ring kernels' chunks,
+  // loops and steps; nccl_tuning.h). Optional in the file: absent = "tuner".
+  std::string time_model = "tuner";
 };
 
 struct CollectiveSpec {

@@ -312,6 +312,10 @@ void read_collectives(JsonFields& root, Platform& p) {
     if (cc != 70 && cc != 80 && cc != 90) {
       t.fail("compute_capability", "is " + std::to_string(cc) + "; NCCL's tuning model has figures for 70, 80 and 90");
     }
+    const std::vector<std::string> tuner_keys = t.keys();
+    if (std::find(tuner_keys.begin(), tuner_keys.end(), "time_model") != tuner_keys.end()) {
+      p.collectives.nccl_tuner.time_model = t.choice("time_model", {"tuner", "pipeline"});
+    }
     t.finish();
   }
   c.finish();
