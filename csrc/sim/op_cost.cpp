@@ -132,7 +132,7 @@ OpCostModel::OpCostModel(ComputeUnit unit) : unit_(std::move(unit)) {
   require_positive(unit_.efficiency.reduction, unit_.name, "efficiency.reduction");
   require_positive(unit_.efficiency.embedding_random_access, unit_.name, "efficiency.embedding_random_access");
   for (auto& [name, work] : builtin_op_formulas()) {
-    table_[name] = std::make_shared<const Formula>(Formula{name, std::move(work)});
+    table_[name] = std::make_shared<const Formula>(Formula{name, std::move(work), true});
   }
 }
 
@@ -178,10 +178,14 @@ std::vector<std::string> OpCostModel::formula_names() const {
   return names;
 }
 
-OpCost OpCostModel::cost(const OpCall& call, const FormulaRef& formula) const {
+OpWork OpCostModel::work(const OpCall& call, const FormulaRef& formula) const {
   // The formula runs without the table lock: it may be slow (Python) and may
   // itself look at the model.
-  const OpWork work = formula ? formula->work(call) : default_guess(call);
+  return formula ? formula->work(call) : default_guess(call);
+}
+
+OpCost OpCostModel::cost(const OpCall& call, const FormulaRef& formula) const {
+  const OpWork work = this->work(call, formula);
   OpCost cost = price(work, compute_dtype(call, work.op_class), call.name);
   cost.guessed = formula == nullptr;
   cost.formula = formula ? formula->name : kDefaultFormula;

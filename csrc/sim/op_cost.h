@@ -156,6 +156,9 @@ class OpCostModel {
   struct Formula {
     std::string name;
     WorkFormula work;
+    // One of the table's own (op_formulas*.cpp), which read only shapes,
+    // dtypes and int_args; a registered one may read any field of the call.
+    bool builtin = false;
   };
   using FormulaRef = std::shared_ptr<const Formula>;  // null: default guess
 
@@ -173,6 +176,11 @@ class OpCostModel {
   // result per operator while generation() is unchanged.
   FormulaRef resolve(std::string_view name) const;
   OpCost cost(const OpCall& call, const FormulaRef& formula) const;
+  // The first half of cost(): the work `formula` counts (the default guess
+  // when null). cost() is price(work(call, f), compute_dtype(call,
+  // work.op_class), call.name) with guessed and formula filled in; a caller
+  // may fill fields of the call that only the second half reads in between.
+  OpWork work(const OpCall& call, const FormulaRef& formula) const;
   uint64_t generation() const;
 
   // Adds or replaces the formula for an exact name (with or without overload).

@@ -38,10 +38,9 @@ void Timeline::check(int device, int stream) const {
   }
 }
 
-Seconds Timeline::host() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return host_;
-}
+Seconds Timeline::host() const { return host_now_.load(std::memory_order_acquire); }
+
+void Timeline::publish_host() { host_now_.store(host_, std::memory_order_release); }
 
 int Timeline::new_stream(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -61,11 +60,31 @@ Interval Timeline::launch(int device, int stream, Seconds launch_overhead, Secon
   std::lock_guard<std::mutex> lock(mutex_);
   check(device, stream);
   host_ += launch_overhead;
+  publish_host();
   Seconds& free_at = streams_[device][stream];
   Interval in{std::max({free_at, host_, not_before}), 0};
   in.end = in.start + duration;
   free_at = in.end;
   keep(device, stream, in, activity, label, link_classes);
+  return in;
+}
+
+Interval Timeline::launch_op(int device, int stream, Seconds launch_overhead, Seconds duration, int label,
+                             double flops, double bytes, bool guessed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check(device, stream);
+  host_ += launch_overhead;
+  publish_host();
+  Seconds& free_at = streams_[device][stream];
+  Interval in{std::max({free_at, host_, Seconds{0}}), 0};  // as launch() with not_before = 0
+  in.end = in.start + duration;
+  free_at = in.end;
+  keep(device, stream, in, Activity::kCompute, label, 0);
+  DeviceCounters& c = counters_[device];
+  c.flops += flops;
+  c.bytes += bytes;
+  c.ops += 1;
+  c.guessed_ops += guessed ? 1 : 0;
   return in;
 }
 
@@ -178,6 +197,7 @@ Seconds Timeline::wait_stream(int device, int stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   check(device, stream);
   host_ = std::max(host_, streams_[device][stream]);
+  publish_host();
   return host_;
 }
 
@@ -185,12 +205,14 @@ Seconds Timeline::wait_device(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   check(device, 0);
   for (Seconds t : streams_[device]) host_ = std::max(host_, t);
+  publish_host();
   return host_;
 }
 
 Seconds Timeline::wait_until(Seconds t) {
   std::lock_guard<std::mutex> lock(mutex_);
   host_ = std::max(host_, t);
+  publish_host();
   return host_;
 }
 
@@ -203,6 +225,7 @@ void Timeline::stream_wait_until(int device, int stream, Seconds t) {
 Seconds Timeline::advance_host(Seconds duration) {
   std::lock_guard<std::mutex> lock(mutex_);
   host_ += duration;
+  publish_host();
   return host_;
 }
 
@@ -215,6 +238,7 @@ DeviceCounters Timeline::counters(int device) const {
 void Timeline::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   host_ = 0;
+  publish_host();
   for (auto& s : streams_) std::fill(s.begin(), s.end(), 0.0);
   for (auto& c : counters_) c = {};
   for (auto& l : links_) l = {};
@@ -248,6 +272,7 @@ void Timeline::restore(const TimelineState& state) {
     if (device.empty()) throw std::invalid_argument("a saved device has no streams (stream 0 always exists)");
   }
   host_ = state.host;
+  publish_host();
   for (size_t d = 0; d < streams_.size(); ++d) {
     const std::vector<Seconds>& saved = state.streams[d];
     std::vector<Seconds>& now = streams_[d];

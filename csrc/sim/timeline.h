@@ -5,8 +5,10 @@
 // end = start + cost. Host-visible results advance the host to the stream.
 //
 // Thread-safe: every call takes one short lock (ops are issued from the
-// main, autograd and data-loader threads at once).
+// main, autograd and data-loader threads at once), except host(), which
+// reads an atomic copy of the host clock.
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -98,6 +100,9 @@ class Timeline {
   // `link_classes` marks the link classes it moves bytes over (bit c for class c).
   Interval launch(int device, int stream, Seconds launch_overhead, Seconds duration, Seconds not_before = 0,
                   Activity activity = Activity::kCompute, int label = -1, uint32_t link_classes = 0);
+  // An op: launch() on the compute activity and count() under one lock.
+  Interval launch_op(int device, int stream, Seconds launch_overhead, Seconds duration, int label, double flops,
+                     double bytes, bool guessed);
   // Work whose interval is already decided (e.g. a transfer that only moves
   // a stream's clock forward): counts its busy time and records its span.
   void record(int device, int stream, Interval interval, Activity activity, int label, uint32_t link_classes = 0);
@@ -147,8 +152,13 @@ class Timeline {
   void check(int device, int stream) const;
   void keep(int device, int stream, Interval interval, Activity activity, int label, uint32_t link_classes);
 
+  void publish_host();  // after each change of host_, under mutex_
+
   mutable std::mutex mutex_;
   Seconds host_ = 0;
+  // host_ as last published: host() reads it without the lock (the memory
+  // history reads the clock at every allocation and free).
+  std::atomic<Seconds> host_now_{0};
   std::vector<std::vector<Seconds>> streams_;  // [device][stream] -> time the stream is free
   std::vector<DeviceCounters> counters_;
   std::vector<LinkCounters> links_;

@@ -9,13 +9,19 @@
 // once per operator and cached; small on-stack vectors hold the rest.
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Operators.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstring>
 #include <iterator>
+#include <tuple>
+#include <type_traits>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -109,13 +115,21 @@ struct Call {
   const OpFacts& facts;
   c10::DeviceIndex device = -1;
   AliasSet aliases;
-  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> zion_of_alias;  // alias -> the argument it stands for
+  // alias -> the argument it stands for: taken from the boxed stack (owned),
+  // or the caller's own argument (borrowed) on the unboxed path.
+  c10::SmallVector<std::pair<c10::TensorImpl*, c10::MaybeOwned<at::Tensor>>, 4> zion_of_alias;
   c10::SmallVector<c10::StorageImpl*, 2> cpu_storages;                          // of CPU tensors passed through
   c10::SmallVector<at::Tensor, 4> inputs;                                       // for pricing
   bool watch_autograd = false;  // an alias carries requires_grad (OpFacts::may_record_autograd)
 
-  at::Tensor alias(const at::Tensor& t) {
-    if (!t.defined()) return t;
+  // The alias of `t`, which the caller keeps alive for the call.
+  at::Tensor alias(const at::Tensor& t) { return alias_of(c10::MaybeOwned<at::Tensor>::borrowed(t)); }
+  // The alias of `t`, which the call keeps (an argument taken off the stack).
+  at::Tensor alias(at::Tensor&& t) { return alias_of(c10::MaybeOwned<at::Tensor>::owned(std::move(t))); }
+
+  at::Tensor alias_of(c10::MaybeOwned<at::Tensor>&& keep) {
+    const at::Tensor& t = *keep;  // valid until `keep` moves into zion_of_alias
+    if (!t.defined()) return at::Tensor();
     if (t.device().is_privateuseone()) {
       if (device < 0) {
         device = t.device().index();
@@ -127,7 +141,7 @@ struct Call {
         a.set_requires_grad(true);
         watch_autograd = true;
       }
-      zion_of_alias.emplace_back(a.unsafeGetTensorImpl(), t);
+      zion_of_alias.emplace_back(a.unsafeGetTensorImpl(), std::move(keep));
       inputs.push_back(a);
       return a;
     }
@@ -135,7 +149,7 @@ struct Call {
       // A CPU scalar (0-dim) rides along, as with CUDA; so do index tensors.
       if (t.dim() > 0 && !facts.accepts_cpu_tensors) mixed_devices(op, device, t);
       if (t.has_storage()) cpu_storages.push_back(t.storage().unsafeGetStorageImpl());
-      return t;
+      return *keep;
     }
     mixed_devices(op, device, t);
   }
@@ -146,13 +160,13 @@ struct Call {
       // priced as an empty tensor, so its formula finds the others where
       // the schema puts them (op_formulas_fbgemm.cpp).
       if (!v.toTensor().defined() && facts.describes_undefined) inputs.push_back(empty_argument());
-      return alias(v.toTensor());
+      return alias(std::move(v).toTensor());  // moved: no reference taken or dropped
     }
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       auto list = v.toTensorList();
       out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(alias(t));
+      for (const at::Tensor& t : list) out.push_back(alias(at::Tensor(t)));  // owned: the list goes
       return out;
     }
     if (v.isList()) {
@@ -163,7 +177,7 @@ struct Call {
       c10::List<std::optional<at::Tensor>> out;
       out.reserve(list.size());
       for (const c10::IValue& e : list) {
-        out.push_back(e.isTensor() ? std::optional<at::Tensor>(alias(e.toTensor())) : std::nullopt);
+        out.push_back(e.isTensor() ? std::optional<at::Tensor>(alias(at::Tensor(e.toTensor()))) : std::nullopt);
       }
       return out;
     }
@@ -174,13 +188,19 @@ struct Call {
     return std::move(v);
   }
 
-  at::Tensor result(const at::Tensor& t) {
-    if (!t.defined()) return t;
-    for (auto& [alias, zion] : zion_of_alias) {
-      if (alias == t.unsafeGetTensorImpl()) {
-        aliases.write_back(t, zion);  // in place or out=: the argument itself, maybe resized
-        return zion;
-      }
+  // The argument `alias` stands for, or null.
+  const at::Tensor* zion_of(const c10::TensorImpl* alias) {
+    for (auto& [a, zion] : zion_of_alias) {
+      if (a == alias) return &*zion;
+    }
+    return nullptr;
+  }
+
+  at::Tensor result(at::Tensor&& t) {
+    if (!t.defined()) return std::move(t);
+    if (const at::Tensor* zion = zion_of(t.unsafeGetTensorImpl())) {
+      aliases.write_back(t, *zion);  // in place or out=: the argument itself, maybe resized
+      return *zion;
     }
     if (t.device().is_cpu() && t.has_storage()) {
       for (c10::StorageImpl* s : cpu_storages) {
@@ -193,16 +213,16 @@ struct Call {
                 "its CPU kernel. zion runs that kernel on CPU aliases, so the graph would stay on the CPU and the zion "
                 "result would get no gradient. Register an AutogradPrivateUse1 kernel for the op (zion_emu.torchrec "
                 "does for fbgemm's embedding lookups; import torchrec or fbgemm_gpu after zion_emu).");
-    return aliases.to_zion(t);
+    return aliases.to_zion(std::move(t));
   }
 
   c10::IValue convert_result(c10::IValue&& v) {
-    if (v.isTensor()) return result(v.toTensor());
+    if (v.isTensor()) return result(std::move(v).toTensor());
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       auto list = v.toTensorList();
       out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(result(t));
+      for (const at::Tensor& t : list) out.push_back(result(at::Tensor(t)));
       return out;
     }
     return std::move(v);
@@ -225,6 +245,21 @@ class DeviceScope {
  private:
   c10::DeviceIndex previous_;
 };
+
+// The pricing takes std::vectors: per-thread ones, reused, so steady state allocates nothing.
+std::vector<at::Tensor>& priced_outputs() {
+  thread_local std::vector<at::Tensor> outputs;
+  outputs.clear();
+  return outputs;
+}
+
+void charge_call(const c10::OperatorHandle& op, Call& call, std::vector<at::Tensor>& outputs) {
+  thread_local std::vector<at::Tensor> inputs;
+  inputs.assign(std::make_move_iterator(call.inputs.begin()), std::make_move_iterator(call.inputs.end()));
+  charge_op(op, call.device, inputs, outputs);
+  inputs.clear();
+  outputs.clear();
+}
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (has_storage_less_argument(op, stack)) {
@@ -271,9 +306,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
     call.aliases.commit();
     for (const at::Tensor& alias : written) {
-      for (auto& [a, zion] : call.zion_of_alias) {
-        if (a == alias.unsafeGetTensorImpl()) call.aliases.write_back(alias, zion);
-      }
+      if (const at::Tensor* zion = call.zion_of(alias.unsafeGetTensorImpl())) call.aliases.write_back(alias, *zion);
     }
     const size_t num_returns = schema.returns().size();
     for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
@@ -281,15 +314,257 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  // The pricing takes std::vectors: per-thread ones, reused, so steady state allocates nothing.
-  thread_local std::vector<at::Tensor> inputs, outputs;
-  inputs.assign(std::make_move_iterator(call.inputs.begin()), std::make_move_iterator(call.inputs.end()));
+  std::vector<at::Tensor>& outputs = priced_outputs();
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
     if (it->isTensor()) outputs.push_back(it->toTensor());
   }
-  charge_op(op, call.device, inputs, outputs);
-  inputs.clear();
-  outputs.clear();
+  charge_call(op, call, outputs);
+}
+
+// ---- The unboxed path ----
+//
+// The hottest ops (elementwise arithmetic, matmuls, reductions, embedding
+// bags) get the fallback's work without boxing: their arguments are aliased
+// straight from the C++ call, the CPU kernel is called unboxed, and no
+// argument is copied onto a stack and off it again. (A zion argument put on
+// a stack gains a second owner; with a Python object that costs taking the
+// GIL twice, once to keep the object alive and once to let it go.) Each
+// step is the fallback's own (Call, AliasSet, charge_call), in the same
+// order, so results, memory accounting and modeled times are the same; any
+// call the fast path does not expect (timing-only mode, an argument that is
+// sparse, on another device or a CPU tensor beyond a 0-dim scalar) goes to
+// the boxed fallback as before.
+
+constexpr c10::DispatchKeySet kCpuKeys{c10::DispatchKey::CPU};
+
+// How one argument of the C++ signature is handed to the CPU kernel.
+template <class T>
+struct Arg {  // not a tensor: passed on as it is
+  using Held = std::remove_reference_t<T>*;
+  static Held hold(Call&, std::remove_reference_t<T>& v) { return &v; }
+  static T pass(Held h) { return static_cast<T>(*h); }
+};
+template <>
+struct Arg<const at::Tensor&> {
+  using Held = at::Tensor;
+  static Held hold(Call& c, const at::Tensor& t) { return c.alias(t); }
+  static const at::Tensor& pass(const Held& h) { return h; }
+};
+template <>
+struct Arg<at::Tensor&> {
+  using Held = at::Tensor;
+  static Held hold(Call& c, at::Tensor& t) { return c.alias(static_cast<const at::Tensor&>(t)); }
+  static at::Tensor& pass(Held& h) { return h; }
+};
+template <>
+struct Arg<const std::optional<at::Tensor>&> {
+  using Held = std::optional<at::Tensor>;
+  static Held hold(Call& c, const std::optional<at::Tensor>& t) {
+    return t.has_value() ? Held(c.alias(*t)) : Held(std::nullopt);
+  }
+  static const std::optional<at::Tensor>& pass(const Held& h) { return h; }
+};
+template <>
+struct Arg<const at::ITensorListRef&> {
+  using Held = c10::SmallVector<at::Tensor, 4>;
+  static Held hold(Call& c, const at::ITensorListRef& list) {
+    Held h;
+    h.reserve(list.size());
+    for (const at::Tensor& t : list) h.push_back(c.alias(t));
+    return h;
+  }
+  static at::ITensorListRef pass(const Held& h) { return at::ITensorListRef(at::ArrayRef<at::Tensor>(h.data(), h.size())); }
+};
+
+// Whether every tensor argument is one the fast path takes: a dense zion
+// tensor with storage (all on one device) or a 0-dim CPU tensor.
+struct Plain {
+  c10::DeviceIndex device = -1;
+  bool ok = true;
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().is_privateuseone()) {
+      if (t.layout() != c10::kStrided || !t.has_storage()) ok = false;
+      if (device < 0) device = t.device().index();
+      ok = ok && t.device().index() == device;
+      return;
+    }
+    ok = ok && t.device().is_cpu() && t.dim() == 0;
+  }
+  template <class T>
+  void operator()(const T& v) {
+    using D = std::decay_t<T>;
+    if constexpr (std::is_same_v<D, at::Tensor>) {
+      tensor(v);
+    } else if constexpr (std::is_same_v<D, std::optional<at::Tensor>>) {
+      if (v.has_value()) tensor(*v);
+    } else if constexpr (std::is_same_v<D, at::ITensorListRef>) {
+      for (const at::Tensor& t : v) tensor(t);
+    }
+  }
+};
+
+// How the CPU kernel's result comes back; outputs() lists it for pricing.
+template <class R>
+struct Ret {  // not a tensor
+  static R back(Call&, R r) { return r; }
+  static void outputs(const R&, std::vector<at::Tensor>&) {}
+};
+template <>
+struct Ret<at::Tensor> {
+  static at::Tensor back(Call& c, at::Tensor r) { return c.result(std::move(r)); }
+  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+};
+template <>
+struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable arguments
+  static at::Tensor& back(Call& c, at::Tensor& r, c10::ArrayRef<at::Tensor*> mutable_args) {
+    const at::Tensor* zion = c.zion_of(r.unsafeGetTensorImpl());
+    TORCH_INTERNAL_ASSERT(zion, "zion: the CPU kernel of ", c.op.schema().name(), " returned none of its arguments");
+    c.aliases.write_back(r, *zion);
+    for (at::Tensor* arg : mutable_args) {
+      if (arg->unsafeGetTensorImpl() == zion->unsafeGetTensorImpl()) return *arg;
+    }
+    TORCH_INTERNAL_ASSERT(false, "zion: the CPU kernel of ", c.op.schema().name(),
+                          " returned an argument that is not a mutable one");
+  }
+  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+};
+template <class... T>
+struct Ret<std::tuple<T...>> {
+  static_assert((std::is_same_v<T, at::Tensor> && ...), "tuples of tensors only");
+  static std::tuple<T...> back(Call& c, std::tuple<T...> r) {
+    // Braced: the results are converted in order, as the fallback does.
+    return std::apply([&](auto&... t) { return std::tuple<T...>{c.result(std::move(t))...}; }, r);
+  }
+  static void outputs(const std::tuple<T...>& r, std::vector<at::Tensor>& out) {
+    std::apply([&](const auto&... t) { (out.push_back(t), ...); }, r);
+  }
+};
+
+template <class Op, class Signature = typename Op::schema>
+struct Fast;
+
+template <class Op, class R, class... Args>
+struct Fast<Op, R(Args...)> {
+  static const c10::OperatorHandle& handle() {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    return op;
+  }
+
+  static R call(Args... args) {
+    const c10::OperatorHandle& op = handle();
+    static const OpFacts facts = read_facts(op);
+    Plain plain;
+    (plain(args), ...);
+    if (timing_only() || !plain.ok || plain.device < 0 || !facts.generator_args.empty() || facts.pin_memory_arg >= 0 ||
+        facts.accepts_cpu_tensors || facts.may_record_autograd || facts.describes_undefined) {
+      return c10::impl::BoxedKernelWrapper<R(Args...)>::call(c10::BoxedKernel::makeFromFunction<&fallback>(), op,
+                                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                             args...);
+    }
+    Call call{op, facts};
+    // Braced: aliases are made in argument order, so pricing sees the inputs as the fallback lists them.
+    std::tuple<typename Arg<Args>::Held...> held{Arg<Args>::hold(call, args)...};
+    call.aliases.set_device(call.device);
+    c10::SmallVector<at::Tensor*, 2> mutable_args;
+    (note_mutable(mutable_args, args), ...);
+    return run(call, held, mutable_args, std::index_sequence_for<Args...>{});
+  }
+
+  template <class T>
+  static void note_mutable(c10::SmallVector<at::Tensor*, 2>& out, T& arg) {
+    if constexpr (std::is_same_v<T, at::Tensor>) out.push_back(&arg);
+  }
+
+  template <size_t... I>
+  static R run(Call& call, std::tuple<typename Arg<Args>::Held...>& held, c10::ArrayRef<at::Tensor*> mutable_args,
+               std::index_sequence<I...>) {
+    if constexpr (std::is_void_v<R>) {
+      {
+        DeviceScope scope(call.device);
+        {
+          KernelHostMemory::Scope kernel_memory;
+          Op::redispatch(kCpuKeys, Arg<Args>::pass(std::get<I>(held))...);
+        }
+        finish_arguments<I...>(call, held);
+      }
+      charge_call(call.op, call, priced_outputs());
+    } else {
+      DeviceScope scope(call.device);
+      R cpu = [&]() -> R {
+        KernelHostMemory::Scope kernel_memory;
+        return Op::redispatch(kCpuKeys, Arg<Args>::pass(std::get<I>(held))...);
+      }();
+      finish_arguments<I...>(call, held);
+      R zion = [&]() -> R {
+        if constexpr (std::is_same_v<R, at::Tensor&>) {
+          return Ret<R>::back(call, cpu, mutable_args);
+        } else {
+          return Ret<R>::back(call, std::forward<R>(cpu));
+        }
+      }();
+      std::vector<at::Tensor>& outputs = priced_outputs();
+      Ret<std::decay_t<R>>::outputs(zion, outputs);
+      charge_call(call.op, call, outputs);
+      return std::forward<R>(zion);
+    }
+  }
+
+  // As the fallback after the kernel: grown aliases move into their zion
+  // storages, and the written arguments take their aliases' new metadata.
+  template <size_t... I>
+  static void finish_arguments(Call& call, std::tuple<typename Arg<Args>::Held...>& held) {
+    call.aliases.commit();
+    (write_back<I>(call, std::get<I>(held)), ...);
+  }
+
+  template <size_t I, class H>
+  static void write_back(Call& call, const H& alias) {
+    if constexpr (std::is_same_v<H, at::Tensor>) {
+      const auto& written = call.facts.written_args;
+      if (std::find(written.begin(), written.end(), static_cast<int>(I)) == written.end()) return;
+      if (const at::Tensor* zion = call.zion_of(alias.unsafeGetTensorImpl())) call.aliases.write_back(alias, *zion);
+    }
+  }
+
+  static void register_in(torch::Library& library) {
+    auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName(Op::name, Op::overload_name));
+    // Only where the fallback would run the op: it has a CPU kernel and zion none.
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      return;
+    }
+    std::string name = std::string(Op::name).substr(std::strlen("aten::"));
+    if (*Op::overload_name) name += std::string(".") + Op::overload_name;
+    library.impl(name.c_str(), c10::CompileTimeFunctionPointer<R(Args...), &call>());
+  }
+};
+
+// The ops of a training step that reach the fallback most often.
+void register_fast_kernels(torch::Library& library) {
+  Fast<at::_ops::add_Tensor>::register_in(library);
+  Fast<at::_ops::add__Tensor>::register_in(library);
+  Fast<at::_ops::sub_Tensor>::register_in(library);
+  Fast<at::_ops::sub__Tensor>::register_in(library);
+  Fast<at::_ops::mul_Tensor>::register_in(library);
+  Fast<at::_ops::mul__Tensor>::register_in(library);
+  Fast<at::_ops::div_Tensor>::register_in(library);
+  Fast<at::_ops::div__Tensor>::register_in(library);
+  Fast<at::_ops::div__Scalar>::register_in(library);
+  Fast<at::_ops::mm>::register_in(library);
+  Fast<at::_ops::addmm>::register_in(library);
+  Fast<at::_ops::bmm>::register_in(library);
+  Fast<at::_ops::relu>::register_in(library);
+  Fast<at::_ops::relu_>::register_in(library);
+  Fast<at::_ops::sigmoid>::register_in(library);
+  Fast<at::_ops::threshold_backward>::register_in(library);
+  Fast<at::_ops::sum_dim_IntList>::register_in(library);
+  Fast<at::_ops::clone>::register_in(library);
+  Fast<at::_ops::cat>::register_in(library);
+  Fast<at::_ops::_embedding_bag>::register_in(library);
+  Fast<at::_ops::_embedding_bag_backward>::register_in(library);
+  Fast<at::_ops::binary_cross_entropy_with_logits>::register_in(library);
+  Fast<at::_ops::sigmoid_backward>::register_in(library);
 }
 
 // PyTorch gives many ops a generic kernel (CompositeExplicitAutograd, the
@@ -303,6 +578,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 class CpuKernelsFirst {
  public:
   CpuKernelsFirst() : library_(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__) {
+    register_fast_kernels(library_);
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;

@@ -103,12 +103,22 @@ void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& 
   g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   describe(inputs, call.inputs);
   describe(outputs, call.outputs);
-  read_fp32_precision(call);
-  sim::OpCost cost = rt.cost->cost(call, formula);
+  // rt.cost->cost(call, formula) in two halves: the precision settings take
+  // several hash lookups to read, and only matmul-class ops and convolutions
+  // are priced by them, so they are read for those (and before a registered
+  // formula, which may look at them).
+  const bool registered = formula && !formula->builtin;
+  if (registered) read_fp32_precision(call);
+  const sim::OpWork work = rt.cost->work(call, formula);
+  if (!registered && (work.op_class == sim::OpClass::kMatmul || work.op_class == sim::OpClass::kConvolution)) {
+    read_fp32_precision(call);
+  }
+  sim::OpCost cost = rt.cost->price(work, sim::compute_dtype(call, work.op_class), call.name);
+  cost.guessed = formula == nullptr;
   note_fp32_matmul(rt, call, cost, label);
   int stream = static_cast<int>(current_stream(device).id());
-  rt.timeline.launch(device, stream, cost.launch_overhead, cost.device_time, 0, sim::Activity::kCompute, label);
-  rt.timeline.count(device, cost.work.flops, cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
+  rt.timeline.launch_op(device, stream, cost.launch_overhead, cost.device_time, label, cost.work.flops,
+                        cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
   if (cost.guessed) rt.note_guessed(device, call.name);
 }
 

@@ -1,7 +1,10 @@
 #include "device/aten/tensor_alias.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include "device/runtime/allocator.h"
 #include "device/aten/sparse.h"
@@ -95,6 +98,54 @@ at::Tensor AliasSet::to_zion(const at::Tensor& out) {
     zion = &adopted_.back().second;
   }
   return tensor_over(*zion, c10::DispatchKey::PrivateUse1, out);
+}
+
+namespace {
+
+// The dispatch keys of a fresh dense tensor of `type` outside inference mode.
+c10::DispatchKeySet fresh_keys(c10::DeviceType type) {
+  c10::InferenceMode normal(false);
+  return c10::make_intrusive<c10::TensorImpl>(c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, std::nullopt,
+                                                                                          c10::Device(type, 0))),
+                                              caffe2::TypeMeta::Make<float>(), c10::Device(type, 0))
+      ->key_set();
+}
+
+// Whether `t` (a CPU kernel's result) is a plain fresh buffer that nothing
+// else refers to: its TensorImpl and StorageImpl have no other owner, no
+// weak reference, no Python object, and the keys of a fresh CPU tensor.
+bool uniquely_owned_fresh(const at::Tensor& t) {
+  static const c10::DispatchKeySet cpu_keys = fresh_keys(c10::DeviceType::CPU);
+  if (t.use_count() != 1 || t.weak_use_count() != 1 || t.key_set() != cpu_keys || !t.has_storage()) return false;
+  if (t.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() != nullptr || t._version() != 0) return false;
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim(storage);  // looked at, not taken
+  const bool unique = owner.use_count() == 1 && owner.weak_use_count() == 1;
+  owner.release();
+  return unique && storage->resizable() && storage->pyobj_slot()->load_pyobj() == nullptr &&
+         storage->device_type() == c10::DeviceType::CPU;
+}
+
+}  // namespace
+
+at::Tensor AliasSet::to_zion(at::Tensor&& out) {
+  if (!out.defined() || !out.device().is_cpu() || out.is_sparse() || out.layout() != c10::kStrided ||
+      !uniquely_owned_fresh(out)) {
+    return to_zion(static_cast<const at::Tensor&>(out));
+  }
+  c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
+  if (find(zion_of_, storage) || find(adopted_, storage)) return to_zion(static_cast<const at::Tensor&>(out));
+  static const c10::DispatchKeySet zion_keys = fresh_keys(c10::DeviceType::PrivateUse1);
+  // As to_zion(const&) does, without a new StorageImpl and TensorImpl: the
+  // bytes join the pool, the storage is zion's, the tensor's keys and device too.
+  storage->set_data_ptr_noswap(take_bytes(storage, device_));
+  storage->set_allocator(&allocator());
+  c10::TensorImpl* impl = out.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(out.storage());  // reads the storage's new device
+  impl->_change_backend_component_keys(storage->device());
+  TORCH_INTERNAL_ASSERT(impl->key_set() == zion_keys, "zion: an adopted result has keys ", impl->key_set(),
+                        ", not those of a fresh zion tensor ", zion_keys);
+  return std::move(out);
 }
 
 void AliasSet::write_back(const at::Tensor& alias, const at::Tensor& zion) {

@@ -31,6 +31,11 @@ class AliasSet {
   void commit();
   // A CPU result as a zion tensor (view of an argument, or adopted).
   at::Tensor to_zion(const at::Tensor& cpu_result);
+  // The same for a result the caller hands over: a fresh buffer that nothing
+  // else refers to becomes the zion tensor in place (its TensorImpl and
+  // StorageImpl are kept, their bytes adopted, their device made zion's)
+  // rather than being wrapped anew.
+  at::Tensor to_zion(at::Tensor&& cpu_result);
   // After the CPU kernel wrote `alias` (in place, out=): the zion tensor it
   // stands for takes its new sizes, strides and offset, and its storage if
   // the kernel gave it another one (set_).

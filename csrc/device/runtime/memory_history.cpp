@@ -121,6 +121,7 @@ void MemoryHistory::allocated(c10::DeviceIndex device, const void* ptr, size_t n
   {
     std::lock_guard<std::mutex> lock(mutex_);
     live_[address] = MemoryBlock{device, address, nbytes, stack};
+    live_count_.store(live_.size(), std::memory_order_release);
   }
   add(MemoryEvent{MemoryEvent::Action::kAlloc, device, address, nbytes, now(), 0, std::move(stack)});
 }
@@ -129,10 +130,12 @@ void MemoryHistory::freed(c10::DeviceIndex device, const void* ptr, size_t nbyte
   record_use(device, -static_cast<int64_t>(nbytes));
   if (ptr == nullptr) return;
   auto address = reinterpret_cast<uintptr_t>(ptr);
-  bool known;
-  {
+  bool known = false;
+  // Without a block recorded (history never on), no lock on each free.
+  if (live_count_.load(std::memory_order_acquire) > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     known = live_.erase(address) > 0;
+    live_count_.store(live_.size(), std::memory_order_release);
   }
   if (!enabled() && !known) return;
   add(MemoryEvent{MemoryEvent::Action::kFree, device, address, nbytes, now(), 0, stack_if(stacks_ && enabled())});

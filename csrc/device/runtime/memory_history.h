@@ -112,6 +112,7 @@ class MemoryHistory {
   std::vector<MemoryEvent> events_;  // a ring of max_entries_ once full
   size_t next_ = 0;                  // where the ring writes next once full
   std::unordered_map<uintptr_t, MemoryBlock> live_;
+  std::atomic<size_t> live_count_{0};  // live_.size(), readable without mutex_
 };
 
 MemoryHistory& memory_history();
