@@ -28,11 +28,22 @@ and receiver stay consistent:
   and the trainer's clock waits until ``reply_arrival_s``. So a reply never
   arrives before its request was served, nor a request before it was sent.
 
-A server knows the messages it sends and receives, so its links are FIFO
-for them; messages of different servers do not contend on a link they share
-(each server keeps its own link clocks). Message size is the bytes of the
-tensors it carries (ids, rows, gradients, parameters); headers are not
-counted.
+**Shared links.** A link is one resource for every server of a run: the
+servers given one ``links_file`` (:class:`SharedLinkClocks`, a file each
+maps) keep one busy-until clock per link, so messages of different servers
+crossing the same link (a trainer's PCIe link, a switch's uplink, a UPI
+link) queue behind each other, first come first served, as each server's own
+messages do. Two messages of ``b`` bytes that reach a link of bandwidth
+``B`` together take ``b / B`` and ``2 b / B``: the second waits for the
+first's last byte (a FIFO queue per link, as ASTRA-sim's analytical backend;
+not max-min fair share, which would change a message already answered when a
+later one arrives). Under the ordered schedule the servers take turns: every
+server serves the same calls in the same order, and server ``s``'s ``n``-th
+message is the ``n * S + s``-th on the shared clocks, so the modeled times
+stay fixed by the script. Without a ``links_file`` a server keeps link
+clocks of its own (one server alone is the same either way). Message size is
+the bytes of the tensors it carries (ids, rows, gradients, parameters);
+headers are not counted.
 
 **Schedules.** Trainers call each server in turn: a server serves its
 messages in the order of ``(call number, trainer)``, the trainers' k-th
@@ -46,10 +57,14 @@ modeled times, depend on the run.
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -92,21 +107,134 @@ class Route:
     links: tuple[int, ...]
 
 
+class SharedLinkClocks:
+    """The busy-until clock of every link, shared by the parameter servers of
+    a run through a file each of them maps: ``[turn, free_s[n], busy_s[n],
+    bytes[n]]`` as float64. ``busy_s`` and ``bytes`` sum every server's
+    messages. :meth:`turn` orders the servers' use of them.
+
+    The first server creates the file (``create=True``) before any trainer
+    can send; the others open it on first use."""
+
+    def __init__(self, path: str | os.PathLike, links: int, servers: int, server: int, create: bool = False,
+                 timeout_s: float = 120.0) -> None:
+        if servers < 1 or not 0 <= server < servers:
+            raise ValueError(f"shared link clocks: server {server} of {servers} servers (allowed: 0..{servers - 1})")
+        self.path, self.links, self.servers, self.server = os.fspath(path), links, servers, server
+        self.timeout_s = timeout_s
+        self._size = 8 * (1 + 3 * links)
+        self._values: memoryview | None = None
+        self._file: int | None = None
+        if create:
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(bytes(self._size))
+            os.replace(tmp, self.path)  # whole, or not there at all
+
+    def _open(self) -> memoryview:
+        if self._values is None:
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                raise RuntimeError(f"parameter server {self.server}: the shared link clocks {self.path} do not exist; "
+                                   "the first server creates them (create=True) before rpc.init_rpc") from None
+            if os.fstat(fd).st_size != self._size:
+                os.close(fd)
+                raise RuntimeError(f"shared link clocks {self.path}: {os.fstat(fd).st_size} bytes, expected "
+                                   f"{self._size} for {self.links} links (a file of another platform?)")
+            self._file = fd
+            self._map = mmap.mmap(fd, self._size)
+            self._values = memoryview(self._map).cast("d")
+        return self._values
+
+    @contextmanager
+    def turn(self, served: int, ordered: bool) -> Iterator[None]:
+        """The shared clocks, for this server's message number ``served``
+        (0, 1, ...): under the ordered schedule it first waits until the
+        other servers have had theirs (slot ``served * S + server``); under
+        the free one, only until no other server is using them."""
+        values = self._open()
+        slot = served * self.servers + self.server
+        deadline = time.monotonic() + self.timeout_s
+        while ordered and values[0] != slot:
+            if values[0] > slot:
+                raise RuntimeError(f"parameter server {self.server}: its message {served} came after the shared link "
+                                   f"clocks moved past its turn (every server must serve the same calls)")
+            if time.monotonic() > deadline:
+                waiting = int(values[0]) % self.servers
+                raise RuntimeError(
+                    f"parameter server {self.server}: waited {self.timeout_s:g} s for its turn on the shared links "
+                    f"(message {served}); server {waiting} has not served its message {int(values[0]) // self.servers}")
+            time.sleep(20e-6)
+        assert self._file is not None
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            values[0] = values[0] + 1
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+
+    def free_s(self, link: int) -> float:
+        return self._open()[1 + link]
+
+    def occupy(self, link: int, until_s: float, busy_s: float, nbytes: float) -> None:
+        v, n = self._open(), self.links
+        v[1 + link] = until_s
+        v[1 + n + link] += busy_s
+        v[1 + 2 * n + link] += nbytes
+
+    def totals(self) -> tuple[list[float], list[float]]:
+        """(busy seconds, bytes) per link over every server's messages."""
+        v, n = self._open(), self.links
+        return list(v[1 + n:1 + 2 * n]), list(v[1 + 2 * n:1 + 3 * n])
+
+    def close(self) -> None:
+        if self._values is not None:
+            self._values.release()
+            self._map.close()
+            os.close(self._file)  # type: ignore[arg-type]
+            self._values = self._file = None
+
+
+def links_file_for_run() -> str:
+    """Where the servers of this run share their link clocks: the run's
+    folder under ``zion-emu run``, else the temporary folder, named by the
+    rendezvous address (unique to a torchrun job on a host)."""
+    run_dir = os.environ.get("ZION_RUN_DIR")
+    if run_dir:
+        return os.path.join(run_dir, "ps_links.bin")
+    import tempfile
+
+    where = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
+    return os.path.join(tempfile.gettempdir(), f"zion-ps-links-{where}.bin")
+
+
 class Links:
     """The topology's links as FIFO resources for the messages one server
-    sends and receives: when each link is next free, and what it carried."""
+    sends and receives: when each link is next free, and what it carried.
+    With ``shared`` clocks the links are free when no server's message
+    occupies them (:class:`SharedLinkClocks`); ``busy_s`` and ``bytes`` stay
+    this server's own."""
 
-    def __init__(self, platform: Platform) -> None:
+    def __init__(self, platform: Platform, shared: SharedLinkClocks | None = None) -> None:
         from zion_emu import sim
 
         self.platform = platform
         self.topology = sim.build_topology(platform.native)
         self.link_table = self.topology.links
         n = len(self.link_table)
+        if shared is not None and shared.links != n:
+            raise ValueError(f"shared link clocks for {shared.links} links, but platform '{platform.name}' has {n}")
+        self.shared = shared
         self.free_s = [0.0] * n
         self.busy_s = [0.0] * n
         self.bytes = [0.0] * n
         self._routes: dict[tuple[Place, Place], Route] = {}
+
+    def close(self) -> None:
+        """Unmaps the shared clocks, if any."""
+        if self.shared is not None:
+            self.shared.close()
 
     def route(self, src: Place, dst: Place) -> Route:
         key = (src, dst)
@@ -126,25 +254,31 @@ class Links:
         if src == dst:
             return ready_s, ready_s
         r = self.route(src, dst)
-        start = max([ready_s, *(self.free_s[link] for link in r.links)])
+        free = self.shared.free_s if self.shared is not None else self.free_s.__getitem__
+        start = max([ready_s, *(free(link) for link in r.links)])
         tx = nbytes / r.bandwidth_bytes_per_s
         for link in r.links:
             self.free_s[link] = start + tx
             self.busy_s[link] += tx
             self.bytes[link] += nbytes
+            if self.shared is not None:
+                self.shared.occupy(link, start + tx, tx, nbytes)
         return start, start + tx + r.latency_s
 
-    def by_class(self, elapsed_s: float) -> list[dict[str, Any]]:
+    def by_class(self, elapsed_s: float, every_server: bool = False) -> list[dict[str, Any]]:
         """Per link class: bytes, busy seconds summed over links, and the
-        busiest link's name and utilization over ``elapsed_s``."""
+        busiest link's name and utilization over ``elapsed_s``; this
+        server's messages, or with ``every_server`` (shared clocks) those
+        of every server."""
+        busy, nbytes = self.shared.totals() if every_server and self.shared is not None else (self.busy_s, self.bytes)
         out: dict[str, dict[str, Any]] = {}
         for i, link in enumerate(self.link_table):
             c = out.setdefault(link["link_class"], {"link_class": link["link_class"], "bytes": 0.0, "busy_s": 0.0,
                                                      "busiest_link": "", "busiest_utilization": 0.0})
-            c["bytes"] += self.bytes[i]
-            c["busy_s"] += self.busy_s[i]
-            util = self.busy_s[i] / elapsed_s if elapsed_s > 0 else 0.0
-            if self.busy_s[i] > 0 and util >= c["busiest_utilization"]:
+            c["bytes"] += nbytes[i]
+            c["busy_s"] += busy[i]
+            util = busy[i] / elapsed_s if elapsed_s > 0 else 0.0
+            if busy[i] > 0 and util >= c["busiest_utilization"]:
                 c["busiest_utilization"] = util
                 c["busiest_link"] = f"{link['src_name']}>{link['dst_name']}"
         return [c for c in out.values() if c["bytes"] > 0]
@@ -198,11 +332,16 @@ class Reply:
 
 class ParameterServer:
     """One parameter server: its shard of each table and its dense
-    parameters, on socket ``place.index`` of node ``place.node``."""
+    parameters, on socket ``place.index`` of node ``place.node``.
+
+    ``links_file``: the file where the run's ``servers`` servers share their
+    link clocks (:class:`SharedLinkClocks`; server 0 creates it, so
+    construct it before ``rpc.init_rpc``); None keeps clocks of its own."""
 
     def __init__(self, index: int, place: Place, tables: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
                  lr: float, trainers: int, schedule: str = "ordered", timeout_s: float = 120.0,
-                 platform: Platform | None = None) -> None:
+                 platform: Platform | None = None, servers: int = 1, links_file: str | os.PathLike | None = None
+                 ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got '{schedule}'")
         if place.kind != "socket":
@@ -212,7 +351,15 @@ class ParameterServer:
         self.platform = platform or current_platform()
         self.index, self.place, self.lr, self.trainers = index, place.check(self.platform), lr, trainers
         self.schedule, self.timeout_s = schedule, timeout_s
-        self.links = Links(self.platform)
+        if not 0 <= index < servers:
+            raise ValueError(f"parameter server {index} of {servers} servers (allowed: 0..{servers - 1})")
+        shared = None
+        if links_file is not None:
+            from zion_emu import sim
+
+            count = len(sim.build_topology(self.platform.native).links)
+            shared = SharedLinkClocks(links_file, count, servers, index, create=index == 0, timeout_s=timeout_s)
+        self.links = Links(self.platform, shared)
         with socket_scope(place.index):  # the shard lives in this socket's DDR
             self.tables = {k: v.detach().clone() for k, v in tables.items()}
             self.dense = {k: v.detach().clone() for k, v in dense.items()}
@@ -271,6 +418,12 @@ class ParameterServer:
                 self._cv.notify_all()
 
     def _serve(self, req: Request) -> Reply:
+        if self.links.shared is None:
+            return self._serve_now(req)
+        with self.links.shared.turn(self.served, ordered=self.schedule == "ordered"):
+            return self._serve_now(req)
+
+    def _serve_now(self, req: Request) -> Reply:
         leaves, arrival = self.links.send(req.src, self.place, req.nbytes(), req.send_s)
         _C.timeline.wait_until(arrival)
         start = _C.device.host_time()
@@ -325,7 +478,9 @@ class ParameterServer:
         elapsed = self.last_finish_s - start
         return {"server": self.index, "place": str(self.place), "served": self.served, "busy_s": self.busy_s,
                 "elapsed_s": elapsed, "utilization": self.busy_s / elapsed if elapsed > 0 else 0.0,
-                "links": self.links.by_class(elapsed), "trainers": self.trainer_summaries}
+                "links": self.links.by_class(elapsed), "trainers": self.trainer_summaries,
+                **({"shared_links": self.links.by_class(elapsed, every_server=True)}
+                   if self.links.shared is not None else {})}
 
 
 # The server of this process, for the functions RPC runs on it.
