@@ -254,3 +254,146 @@ def test_a_trainer_on_another_node_reaches_the_server_through_the_nics_and_the_s
     links = async_ps.Links(p)
     _, arrival = links.send(async_ps.Place("oam", 0, node=1), async_ps.Place("socket", 0, node=0), 1.2e6, 0.0)
     assert arrival == pytest.approx(1.2e6 / bandwidth + latency, rel=1e-12)  # 103.2 us
+
+
+# -- links shared by the servers -------------------------------------------------
+
+
+def _upi_route(platform: zion_emu.Platform) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) from an OAM on PCIe switch 0 to socket 2
+    on zion: the PCIe route to socket 0 and one UPI hop (socket 0 -> 2, a
+    direct link of the platform's UPI list), whose 20.8 GB/s is above the
+    12 GB/s uplink."""
+    latency, bandwidth = _pcie_route(platform)
+    upi = platform.fields["upi"]
+    assert [0, 2] in upi["links"]
+    return latency + upi["latency_ns"] * 1e-9, min(bandwidth, upi["link_bandwidth_gb_per_s"] * 1e9)
+
+
+def _shared_links(tmp_path: Path, p: zion_emu.Platform, servers: int = 2) -> list[async_ps.Links]:
+    n = len(async_ps.Links(p).link_table)
+    path = tmp_path / "links.bin"
+    clocks = [async_ps.SharedLinkClocks(path, n, servers, s, create=s == 0, timeout_s=5) for s in range(servers)]
+    return [async_ps.Links(p, c) for c in clocks]
+
+
+def test_two_servers_pulls_on_a_shared_link_take_the_shared_time(tmp_path: Path) -> None:
+    """Servers on sockets 0 and 2 each get a 1.2 MB request from OAM 1 at the
+    same modeled time. Both routes cross OAM 1 -> switch 0 and switch 0 ->
+    socket 0 (12 GB/s): the second waits for the first's last byte, so its
+    last byte leaves at t + 2 b / B = 1 ms + 200 us, where alone it would
+    leave at 1 ms + 100 us."""
+    p = zion_emu.load_platform("zion")
+    a, b = _shared_links(tmp_path, p)
+    try:
+        oam1 = async_ps.Place("oam", 1)
+        latency0, bandwidth = _pcie_route(p)
+        latency2, bandwidth2 = _upi_route(p)
+        assert (latency2, bandwidth2) == (pytest.approx(370e-9), 12e9)
+        nbytes, t = 1.2e6, 1e-3
+        with a.shared.turn(0, ordered=True):  # server 0's first message, then server 1's
+            leaves_a, arrival_a = a.send(oam1, async_ps.Place("socket", 0), nbytes, t)
+        with b.shared.turn(0, ordered=True):
+            leaves_b, arrival_b = b.send(oam1, async_ps.Place("socket", 2), nbytes, t)
+        assert leaves_a == t and arrival_a == pytest.approx(t + nbytes / bandwidth + latency0, rel=1e-12)
+        assert leaves_b == pytest.approx(t + nbytes / bandwidth, rel=1e-12)  # 1.1 ms: behind server 0's
+        assert arrival_b == pytest.approx(t + 2 * nbytes / bandwidth + latency2, rel=1e-12)  # 1.2 ms + 370 ns
+        # The same two requests on private clocks: each as if alone.
+        alone = async_ps.Links(p)
+        assert alone.send(oam1, async_ps.Place("socket", 2), nbytes, t)[0] == t
+        # The shared link carried both: 2.4 MB, busy 200 us; each server counts its own 1.2 MB.
+        shared_pcie = {c["link_class"]: c for c in b.by_class(400e-6, every_server=True)}
+        own_pcie = {c["link_class"]: c for c in b.by_class(400e-6)}
+        gen3 = shared_pcie["pcie_gen3_x16"]
+        assert gen3["bytes"] == 2 * nbytes and gen3["busiest_link"] == "pcie0>socket0"
+        assert gen3["busiest_utilization"] == pytest.approx(2 * nbytes / bandwidth / 400e-6, rel=1e-12)  # 50%
+        assert own_pcie["pcie_gen3_x16"]["bytes"] == nbytes
+    finally:
+        a.close()
+        b.close()
+
+
+def test_servers_take_turns_on_the_shared_links_in_the_ordered_schedule(tmp_path: Path) -> None:
+    """Server 1's message 0 waits for server 0's message 0 (slot n * S + s),
+    however the threads come; a server that never comes is named."""
+    p = zion_emu.load_platform("zion")
+    a, b = _shared_links(tmp_path, p)
+    order: list[str] = []
+    try:
+        def second() -> None:
+            with b.shared.turn(0, ordered=True):
+                order.append("server 1")
+
+        late = threading.Thread(target=second)
+        late.start()
+        late.join(0.3)
+        assert late.is_alive() and order == []
+        with a.shared.turn(0, ordered=True):
+            order.append("server 0")
+        late.join(10)
+        assert order == ["server 0", "server 1"]
+        b.shared.timeout_s = 0.2
+        with pytest.raises(RuntimeError, match="parameter server 1: waited 0.2 s for its turn on the shared links "
+                                               "\\(message 1\\); server 0 has not served its message 1"):
+            with b.shared.turn(1, ordered=True):
+                pass
+        with b.shared.turn(1, ordered=False):  # the free schedule only takes the lock
+            order.append("free")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_shared_link_clocks_refuse_bad_input(tmp_path: Path) -> None:
+    p = zion_emu.load_platform("zion")
+    n = len(async_ps.Links(p).link_table)
+    with pytest.raises(ValueError, match="server 2 of 2 servers \\(allowed: 0..1\\)"):
+        async_ps.SharedLinkClocks(tmp_path / "x.bin", n, 2, 2)
+    missing = async_ps.SharedLinkClocks(tmp_path / "none.bin", n, 2, 1)
+    with pytest.raises(RuntimeError, match="do not exist; the first server creates them"):
+        missing.free_s(0)
+    async_ps.SharedLinkClocks(tmp_path / "small.bin", 3, 1, 0, create=True)
+    with pytest.raises(ValueError, match="shared link clocks for 3 links, but platform 'zion' has"):
+        async_ps.Links(p, async_ps.SharedLinkClocks(tmp_path / "small.bin", 3, 1, 0))
+    with pytest.raises(ValueError, match="parameter server 2 of 2 servers"):
+        async_ps.ParameterServer(2, async_ps.Place("socket", 0), {}, {}, 0.1, 1, servers=2, platform=p)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_servers_messages_queue_on_the_links_they_share(tmp_path: Path) -> None:
+    """One trainer (OAM 0), servers on sockets 0 and 4: every call sends one
+    message to each at the same time, and both cross OAM 0 -> switch 0.
+    Replayed by hand in the servers' turn order (server 0's n-th message,
+    then server 1's), each message waits for the links its route shares with
+    any earlier one, of either server."""
+    out = tmp_path / "two"
+    zion_emu_cli("run", "--nproc", "3", "--quiet-report", str(EXAMPLE), "--servers", "2", "--shape", "tiny",
+                 "--steps", "2", "--timeout", "60", "--out", str(out), timeout_s=240)
+    run0 = json.loads((out / "trainer0.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    assert not (out / "trainer1.json").exists()  # ranks 1 and 2 are the servers
+    p = zion_emu.load_platform("zion")
+    links = async_ps.Links(p)
+    trainer = async_ps.Place("oam", 0)
+    servers = [async_ps.Place("socket", 0), async_ps.Place("socket", 4)]  # spread over 8 sockets
+    assert [s["place"] for s in summary["server_stats"]] == ["n0.socket0", "n0.socket4"]
+    records = {(r["server"], r["seq"]): r for r in run0["records"]}
+    calls = max(seq for _, seq in records) + 1
+    free: dict[int, float] = {}
+    shared_wait = 0
+    for n in range(calls):
+        for s, place in enumerate(servers):
+            r = records[(s, n)]
+            for src, dst, ready, leaves_key, nbytes in ((trainer, place, r["send_s"], "request_leaves_s",
+                                                          r["request_bytes"]),
+                                                         (place, trainer, r["finish_s"], "reply_leaves_s",
+                                                          r["reply_bytes"])):
+                route = links.route(src, dst)
+                assert route.bandwidth_bytes_per_s == 12e9  # the Gen3 x16 uplinks on both routes
+                leaves = max([ready, *(free.get(link, 0.0) for link in route.links)])
+                shared_wait += leaves > ready
+                for link in route.links:
+                    free[link] = leaves + nbytes / route.bandwidth_bytes_per_s
+                assert r[leaves_key] == pytest.approx(leaves, rel=1e-12, abs=1e-15), (s, n, leaves_key)
+    assert shared_wait > 0  # server 1's requests waited for server 0's on OAM 0 -> switch 0
