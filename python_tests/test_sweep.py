@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from zion_emu import report as rep
+from zion_emu.report_text import format_text
 from zion_emu.cli import CliError
 from zion_emu.cli import sweep
 from processes import REPO, zion_emu_cli
@@ -121,7 +122,7 @@ def _snap(rank: int, throughput: dict | None = None, samples: int | None = None)
                             throughput=throughput)
 
 
-def test_declared_throughputs_add_up_and_ranks_without_samples_process_none() -> None:
+def test_declared_throughputs_add_up_over_the_ranks_that_declared() -> None:
     # Trainers 0 and 1 declare 512 and 256 samples over [1, 5] ms and [2, 9] ms:
     # 768 samples in 8 ms = 96,000 samples/s; the higher-utilization limit wins.
     r = rep.merge([_snap(0, {"samples": 512, "start_s": 1e-3, "end_s": 5e-3, "limit": "server 0", "limit_utilization": 0.5}),
@@ -131,11 +132,12 @@ def test_declared_throughputs_add_up_and_ranks_without_samples_process_none() ->
     assert (t.samples, t.ranks, t.limit, t.limit_utilization) == (768, [0, 1], "link a>b", 0.75)
     assert t.modeled_s == pytest.approx(8e-3) and r.samples_per_s == pytest.approx(96_000)
     assert rep.RunReport.from_json(json.loads(json.dumps(r.to_json()))).throughput == t
-    # Samples per iteration: rank 2 (a server, say) declares none and adds none:
-    # 16 + 16 over 0.2 ms per iteration.
-    r = rep.merge([_snap(0, samples=16), _snap(1, samples=16), _snap(2)])
-    assert r.samples_per_iteration == 32 and r.samples_per_s == pytest.approx(32 / 2e-4)
-    assert r.throughput is None
+    # The declared throughput wins over samples per iteration.
+    r = rep.merge([_snap(0, {"samples": 100, "start_s": 0.0, "end_s": 1e-3}, samples=16), _snap(1, samples=16)])
+    assert r.samples_per_iteration == 32 and r.samples_per_s == pytest.approx(100 / 1e-3)
+    assert r.throughput.limit is None and "limited by" not in format_text(r)
+    r = rep.merge([_snap(0, samples=16), _snap(1, samples=16)])
+    assert r.throughput is None and r.samples_per_s == pytest.approx(32 / 2e-4)
 
 
 def test_throughput_refuses_bad_declarations() -> None:
@@ -205,3 +207,22 @@ def test_a_sweep_over_ranks_and_arguments_equals_the_single_runs(tmp_path: Path)
         assert sync_row["limit"]  # the report's busiest device or link class
     # Async throughput grows with the trainers: 2 trainers > 1.
     assert rows[2]["samples_per_s"] > rows[0]["samples_per_s"]
+
+
+def test_a_command_that_does_not_use_a_swept_name_runs_once_per_value_it_uses(tmp_path: Path) -> None:
+    """T=1,2 x S=1,2 over two commands: the first uses T and S (four runs),
+    the second only T (two). A script that only records its arguments."""
+    script = tmp_path / "args.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        with open(os.path.join(os.path.dirname(__file__), "calls.txt"), "a") as f:
+            f.write(" ".join(sys.argv[1:]) + "\\n")
+    """))
+    rows_file = tmp_path / "rows.json"
+    zion_emu_cli("sweep", "--vary", "T=1,2", "--vary", "S=1,2", "--json", str(rows_file), str(script), "a{T}",
+                 "b{S}", ":::", str(script), "c{10*T}", timeout_s=120)
+    rows = json.loads(rows_file.read_text())
+    assert [r["variant"] for r in rows] == [["T=1", "S=1"], ["T=1"], ["T=1", "S=2"], ["T=2", "S=1"], ["T=2"],
+                                            ["T=2", "S=2"]]
+    assert (tmp_path / "calls.txt").read_text().split("\n")[:-1] == ["a1 b1", "c10", "a1 b2", "a2 b1", "c20",
+                                                                     "a2 b2"]

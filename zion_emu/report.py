@@ -572,10 +572,10 @@ def fp32_matmul_precision(snaps: Iterable[RankSnapshot]) -> list[dict[str, Any]]
 def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None = None, top: int = 10) -> RunReport:
     """One report from every rank's snapshot (spans are not carried over).
     ``samples_per_iteration`` counts all ranks (``--samples-per-iteration``);
-    without it, the sum of what the ranks declared: a rank that declares
-    none processes no samples (a parameter server, a loader). Samples/s is
-    per iteration of the lead rank, or, where ranks declared a measured
-    throughput (``zion_emu.throughput``), that one."""
+    without it, the sum of what the ranks declared, if every rank did.
+    Samples/s is per iteration of the lead rank, or, where ranks declared a
+    measured throughput (``zion_emu.throughput``: ranks that do not step in
+    lockstep, some of which process no samples), that one."""
     snaps = sorted(snapshots, key=lambda s: s.rank)
     if not snaps:
         raise ValueError("no rank left a report (did every rank fail before its first step?)")
@@ -624,8 +624,8 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
     lead = snaps[0]
     per_iter = mean_iteration_s(lead.iterations)
     if samples_per_iteration is None:
-        declared = [s.samples_per_iteration for s in snaps if s.samples_per_iteration]
-        samples_per_iteration = sum(declared) if declared else None
+        declared = [s.samples_per_iteration for s in snaps]
+        samples_per_iteration = sum(declared) if all(declared) else None  # type: ignore[arg-type]
     measured = throughput_summary(snaps)
     samples_per_s = samples_per_iteration / per_iter if samples_per_iteration and per_iter else None
     return RunReport(

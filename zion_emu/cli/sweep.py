@@ -9,7 +9,8 @@ sweeps platform fields; ``--vary`` sweeps the launch: ``--vary nproc=2,4,8``
 runs once (as ``zion-emu run``). ``:::`` in the script's arguments starts
 another command, ``[RUN OPTIONS] SCRIPT [ARGS]``, run on every combination
 too, so that two scripts (asynchronous and synchronous training, say) share
-one table. Each row gives the modeled time per iteration, samples/s, what
+one table; a command that fills in to the same run for two combinations (it
+uses none of the names that differ) runs once. Each row gives the modeled time per iteration, samples/s, what
 limited the run, wall time and the breakdown; the best row is marked (most
 samples/s when every row has them, else least time per iteration, else
 least wall time), in the text, the ``--json`` rows and the ``--html`` page.
@@ -321,16 +322,23 @@ def run(args: argparse.Namespace) -> int:
             _check_writable(path, what)
     # Every command of every combination, filled in and checked before any runs.
     used: set[str] = set()
-    jobs = []
+    jobs, seen = [], set()
     for platform_combo in platform_combos:
         for launch in launches:
             for command, label in zip(commands, labels):
-                one = instantiate(command, launch, used)
+                mine: set[str] = set()
+                one = instantiate(command, launch, mine)
+                used |= mine
                 one.assignments = list(args.assignments) + platform_combo
                 one.report = one.trace = None
                 one.plot = one.html = None
                 one.quiet_report = True
-                names = platform_combo + [f"{a.key}={v}" for a, v in launch]
+                # A row names the values its command used: a name it does not
+                # use leaves its run the same, which runs once.
+                names = platform_combo + [f"{a.key}={v}" for a, v in launch if a.kind != "name" or a.key in mine]
+                if (tuple(names), label) in seen:
+                    continue
+                seen.add((tuple(names), label))
                 jobs.append((one, names, label))
     unused = [a.key for a in axes if a.kind == "name" and a.key not in used]
     if unused:
