@@ -132,6 +132,9 @@ def test_declared_throughputs_add_up_over_the_ranks_that_declared() -> None:
     assert (t.samples, t.ranks, t.limit, t.limit_utilization) == (768, [0, 1], "link a>b", 0.75)
     assert t.modeled_s == pytest.approx(8e-3) and r.samples_per_s == pytest.approx(96_000)
     assert rep.RunReport.from_json(json.loads(json.dumps(r.to_json()))).throughput == t
+    text = format_text(r)
+    assert "throughput             96,000 samples/s (modeled: 768 samples in" in text
+    assert "measured by rank 0, 1)" in text and "limited by             link a>b (75.0% busy)" in text
     # The declared throughput wins over samples per iteration.
     r = rep.merge([_snap(0, {"samples": 100, "start_s": 0.0, "end_s": 1e-3}, samples=16), _snap(1, samples=16)])
     assert r.samples_per_iteration == 32 and r.samples_per_s == pytest.approx(100 / 1e-3)

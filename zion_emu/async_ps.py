@@ -156,6 +156,7 @@ class SharedLinkClocks:
         values = self._open()
         slot = served * self.servers + self.server
         deadline = time.monotonic() + self.timeout_s
+        pause = 20e-6
         while ordered and values[0] != slot:
             if values[0] > slot:
                 raise RuntimeError(f"parameter server {self.server}: its message {served} came after the shared link "
@@ -165,7 +166,8 @@ class SharedLinkClocks:
                 raise RuntimeError(
                     f"parameter server {self.server}: waited {self.timeout_s:g} s for its turn on the shared links "
                     f"(message {served}); server {waiting} has not served its message {int(values[0]) // self.servers}")
-            time.sleep(20e-6)
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)  # a turn usually comes within one message's service
         assert self._file is not None
         fcntl.flock(self._file, fcntl.LOCK_EX)
         try:
