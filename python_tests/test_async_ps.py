@@ -92,6 +92,22 @@ def test_ordered_schedule_serves_kth_calls_in_trainer_order_whatever_comes_first
         zion_emu.reset_clock()
 
 
+def _place(busy: dict, links: list, ready: float, tx: float) -> float:
+    """The rule, by hand: the first of the ready time and the ends of the
+    intervals already placed on ``links`` at which every one of them is free
+    for ``tx`` (a zero-length message: not inside an interval); then those
+    links are busy for [start, start + tx)."""
+    def overlaps(a: float, b: float, c: float) -> bool:
+        return a <= c < b if tx == 0 else a < c + tx and b > c
+
+    candidates = sorted({ready, *(b for link in links for _, b in busy.get(link, []) if b >= ready)})
+    start = next(c for c in candidates if not any(overlaps(a, b, c) for link in links for a, b in busy.get(link, [])))
+    for link in links:
+        if tx > 0:
+            busy.setdefault(link, []).append((start, start + tx))
+    return start
+
+
 def _run(tmp_path: Path, name: str, *args: str) -> list[dict]:
     out = tmp_path / name
     zion_emu_cli("run", "--nproc", "3", "--quiet-report", str(EXAMPLE), "--servers", "1", "--shape", "tiny",
@@ -158,7 +174,7 @@ def test_two_trainers_one_server_times_order_and_losses(tmp_path: Path) -> None:
     # switch 0 -> socket 0, replies socket 0 -> switch 0 (first come, first
     # served in the server's order); each takes bytes / 12 GB/s on them plus
     # 300 ns of latency.
-    free: dict[str, float] = {}
+    busy: dict[str, list] = {}
     previous_finish = 0.0
     for r in records:
         t, kind = r["trainer"], r["kind"]
@@ -166,18 +182,14 @@ def test_two_trainers_one_server_times_order_and_losses(tmp_path: Path) -> None:
             request_bytes, reply_bytes = _message_bytes(r["seq"] // 2, t)[kind]
             assert (r["request_bytes"], r["reply_bytes"]) == (request_bytes, reply_bytes)
         up, down = [f"oam{t}>pcie0", "pcie0>socket0"], ["socket0>pcie0", f"pcie0>oam{t}"]
-        leaves = max([r["send_s"], *(free.get(link, 0.0) for link in up)])
-        for link in up:
-            free[link] = leaves + r["request_bytes"] / bandwidth
+        leaves = _place(busy, up, r["send_s"], r["request_bytes"] / bandwidth)
         assert r["request_leaves_s"] == pytest.approx(leaves, rel=1e-12, abs=1e-15)
         assert r["arrival_s"] == pytest.approx(leaves + r["request_bytes"] / bandwidth + latency, rel=1e-12)
         # One message at a time: served when it has arrived and the last one is done.
         assert r["start_s"] == pytest.approx(max(r["arrival_s"], previous_finish), rel=1e-12)
         assert r["finish_s"] >= r["start_s"]
         previous_finish = r["finish_s"]
-        back = max([r["finish_s"], *(free.get(link, 0.0) for link in down)])
-        for link in down:
-            free[link] = back + r["reply_bytes"] / bandwidth
+        back = _place(busy, down, r["finish_s"], r["reply_bytes"] / bandwidth)
         assert r["reply_leaves_s"] == pytest.approx(back, rel=1e-12)
         assert r["reply_arrival_s"] == pytest.approx(back + r["reply_bytes"] / bandwidth + latency, rel=1e-12)
 
@@ -313,6 +325,25 @@ def test_two_servers_pulls_on_a_shared_link_take_the_shared_time(tmp_path: Path)
         b.close()
 
 
+def test_a_message_fills_a_gap_between_messages_placed_before_it() -> None:
+    """Switch 0 -> socket 0 (12 GB/s) busy [1.0, 1.1) ms with a 1.2 MB
+    message: a 0.6 MB one (50 us) ready at 0.9 ms fits before it and leaves
+    at 0.9 ms; one ready at 0.97 ms would end at 1.02 ms, inside it, so it
+    waits for its end, 1.1 ms; a zero-byte one ready at 1.05 ms leaves at
+    1.15 ms, after the 0.97 ms one's last byte."""
+    p = zion_emu.load_platform("zion")
+    links = async_ps.Links(p)
+    oam, socket = async_ps.Place("oam", 0), async_ps.Place("socket", 0)
+    assert links.send(oam, socket, 1.2e6, 1.0e-3)[0] == 1.0e-3
+    assert links.send(async_ps.Place("oam", 1), socket, 0.6e6, 0.9e-3)[0] == 0.9e-3
+    assert links.send(async_ps.Place("oam", 1), socket, 0.6e6, 0.97e-3)[0] == pytest.approx(1.1e-3, rel=1e-12)
+    assert links.send(oam, socket, 0.0, 1.05e-3)[0] == pytest.approx(1.15e-3, rel=1e-12)
+    gen3 = links.calendars[links.route(oam, socket).links[0]]
+    # 0.9-0.95 ms, then 1.0-1.15 ms (three messages end to end: one interval)
+    assert [(round(a * 1e6, 6), round(b * 1e6, 6)) for a, b in zip(gen3.starts, gen3.ends)] == \
+        [(900.0, 950.0), (1000.0, 1150.0)]
+
+
 def test_servers_take_turns_on_the_shared_links_in_the_ordered_schedule(tmp_path: Path) -> None:
     """Server 1's message 0 waits for server 0's message 0 (slot n * S + s),
     however the threads come; a server that never comes is named."""
@@ -351,7 +382,8 @@ def test_shared_link_clocks_refuse_bad_input(tmp_path: Path) -> None:
         async_ps.SharedLinkClocks(tmp_path / "x.bin", n, 2, 2)
     missing = async_ps.SharedLinkClocks(tmp_path / "none.bin", n, 2, 1)
     with pytest.raises(RuntimeError, match="do not exist; the first server creates them"):
-        missing.free_s(0)
+        with missing.turn(0, ordered=False):
+            pass
     async_ps.SharedLinkClocks(tmp_path / "small.bin", 3, 1, 0, create=True)
     with pytest.raises(ValueError, match="shared link clocks for 3 links, but platform 'zion' has"):
         async_ps.Links(p, async_ps.SharedLinkClocks(tmp_path / "small.bin", 3, 1, 0))
@@ -380,7 +412,7 @@ def test_two_servers_messages_queue_on_the_links_they_share(tmp_path: Path) -> N
     assert [s["place"] for s in summary["server_stats"]] == ["n0.socket0", "n0.socket4"]
     records = {(r["server"], r["seq"]): r for r in run0["records"]}
     calls = max(seq for _, seq in records) + 1
-    free: dict[int, float] = {}
+    busy: dict[int, list] = {}
     shared_wait = 0
     for n in range(calls):
         for s, place in enumerate(servers):
@@ -391,9 +423,7 @@ def test_two_servers_messages_queue_on_the_links_they_share(tmp_path: Path) -> N
                                                           r["reply_bytes"])):
                 route = links.route(src, dst)
                 assert route.bandwidth_bytes_per_s == 12e9  # the Gen3 x16 uplinks on both routes
-                leaves = max([ready, *(free.get(link, 0.0) for link in route.links)])
+                leaves = _place(busy, list(route.links), ready, nbytes / route.bandwidth_bytes_per_s)
                 shared_wait += leaves > ready
-                for link in route.links:
-                    free[link] = leaves + nbytes / route.bandwidth_bytes_per_s
                 assert r[leaves_key] == pytest.approx(leaves, rel=1e-12, abs=1e-15), (s, n, leaves_key)
     assert shared_wait > 0  # server 1's requests waited for server 0's on OAM 0 -> switch 0

@@ -15,11 +15,13 @@ and receiver stay consistent:
 
 - a request carries its sender's clock at sending, ``send_s`` (a trainer on
   an OAM first waits for its device: the payload must be computed);
-- it occupies each link of its route, first come first served in the order
-  the server serves its messages, for ``bytes / bandwidth`` of the route's
-  slowest link, starting when the sender is ready and every link of the
-  route is free; it arrives one route latency after its last byte left:
-  ``arrival_s = max(send_s, free(links)) + bytes / bandwidth + latency``;
+- it occupies each link of its route for ``bytes / bandwidth`` of the
+  route's slowest link, from the earliest time at or after the sender is
+  ready when every link of the route is free for that long, around the
+  messages placed on them before it (in the order the servers serve their
+  messages: a message fills a gap between earlier-placed ones when it fits,
+  else waits for the link); it arrives one route latency after its last
+  byte left: ``arrival_s = start + bytes / bandwidth + latency``;
 - the server serves one message at a time: it starts at
   ``max(server clock, arrival_s)``, the work (gathers, updates, copies) runs
   priced on its socket (``zion_emu.socket``), and ``finish_s`` is the
@@ -32,12 +34,12 @@ and receiver stay consistent:
 servers given one ``links_file`` (:class:`SharedLinkClocks`, a file each
 maps) keep one busy-until clock per link, so messages of different servers
 crossing the same link (a trainer's PCIe link, a switch's uplink, a UPI
-link) queue behind each other, first come first served, as each server's own
-messages do. Two messages of ``b`` bytes that reach a link of bandwidth
-``B`` together take ``b / B`` and ``2 b / B``: the second waits for the
-first's last byte (a FIFO queue per link, as ASTRA-sim's analytical backend;
-not max-min fair share, which would change a message already answered when a
-later one arrives). Under the ordered schedule the servers take turns: every
+link) take turns on it, as each server's own messages do. Two messages of
+``b`` bytes that reach a link of bandwidth ``B`` together take ``b / B`` and
+``2 b / B``: the second waits for the first's last byte (one message at a
+time per link, as ASTRA-sim's analytical backend queues them; not max-min
+fair share, which would change a message already answered when a later one
+arrives). Under the ordered schedule the servers take turns: every
 server serves the same calls in the same order, and server ``s``'s ``n``-th
 message is the ``n * S + s``-th on the shared clocks, so the modeled times
 stay fixed by the script. Without a ``links_file`` a server keeps link
@@ -57,9 +59,10 @@ modeled times, depend on the run.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
-import mmap
 import os
+import struct
 import threading
 import time
 from contextlib import contextmanager
@@ -107,14 +110,61 @@ class Route:
     links: tuple[int, ...]
 
 
+class Calendar:
+    """When one link is busy: disjoint ``[start, end)`` intervals, in order."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def conflict(self, t: float, tx: float) -> float | None:
+        """The end of the interval that ``[t, t + tx)`` would overlap (a
+        zero-length message: that ``t`` falls inside), or None if it fits."""
+        j = bisect.bisect_right(self.ends, t)  # the first interval ending after t
+        if j < len(self.starts) and (self.starts[j] < t + tx or (tx == 0 and self.starts[j] <= t)):
+            return self.ends[j]
+        return None
+
+    def occupy(self, t: float, tx: float) -> None:
+        if tx <= 0:
+            return
+        j = bisect.bisect_left(self.starts, t)
+        self.starts.insert(j, t)
+        self.ends.insert(j, t + tx)
+        if j + 1 < len(self.starts) and self.starts[j + 1] == self.ends[j]:  # touches the next: one interval
+            self.ends[j] = self.ends.pop(j + 1)
+            self.starts.pop(j + 1)
+        if j > 0 and self.ends[j - 1] == self.starts[j]:
+            self.ends[j - 1] = self.ends.pop(j)
+            self.starts.pop(j)
+
+
+def earliest_start(calendars: Sequence[Calendar], ready_s: float, tx_s: float) -> float:
+    """The earliest time at or after ``ready_s`` when every calendar is free
+    for ``tx_s`` (a message fills a gap between messages placed before it)."""
+    t = ready_s
+    moved = True
+    while moved:
+        moved = False
+        for c in calendars:
+            end = c.conflict(t, tx_s)
+            if end is not None:
+                t, moved = end, True
+    return t
+
+
 class SharedLinkClocks:
-    """The busy-until clock of every link, shared by the parameter servers of
-    a run through a file each of them maps: ``[turn, free_s[n], busy_s[n],
-    bytes[n]]`` as float64. ``busy_s`` and ``bytes`` sum every server's
-    messages. :meth:`turn` orders the servers' use of them.
+    """The busy intervals of every link, shared by the parameter servers of
+    a run through a file: a header ``[turn, records]`` and then one record
+    ``(link, start, end, bytes)`` per link a message occupied, all float64.
+    Each server keeps the calendars in memory and, on its turn, reads the
+    records the others appended since (:meth:`turn`). ``busy_s`` and
+    ``bytes`` of :meth:`totals` sum every server's messages.
 
     The first server creates the file (``create=True``) before any trainer
     can send; the others open it on first use."""
+
+    _HEADER, _RECORD = 16, 32
 
     def __init__(self, path: str | os.PathLike, links: int, servers: int, server: int, create: bool = False,
                  timeout_s: float = 120.0) -> None:
@@ -122,30 +172,47 @@ class SharedLinkClocks:
             raise ValueError(f"shared link clocks: server {server} of {servers} servers (allowed: 0..{servers - 1})")
         self.path, self.links, self.servers, self.server = os.fspath(path), links, servers, server
         self.timeout_s = timeout_s
-        self._size = 8 * (1 + 3 * links)
-        self._values: memoryview | None = None
+        self.calendars = [Calendar() for _ in range(links)]
+        self.busy_s = [0.0] * links
+        self.bytes = [0.0] * links
         self._file: int | None = None
+        self._read = 0  # records read so far
+        self._mine: list[tuple[float, float, float, float]] = []  # appended at the end of this turn
         if create:
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "wb") as f:
-                f.write(bytes(self._size))
+                f.write(struct.pack("<2d", 0.0, 0.0))  # turn 0, no records
             os.replace(tmp, self.path)  # whole, or not there at all
 
-    def _open(self) -> memoryview:
-        if self._values is None:
+    def _fd(self) -> int:
+        if self._file is None:
             try:
-                fd = os.open(self.path, os.O_RDWR)
+                self._file = os.open(self.path, os.O_RDWR)
             except FileNotFoundError:
                 raise RuntimeError(f"parameter server {self.server}: the shared link clocks {self.path} do not exist; "
                                    "the first server creates them (create=True) before rpc.init_rpc") from None
-            if os.fstat(fd).st_size != self._size:
-                os.close(fd)
-                raise RuntimeError(f"shared link clocks {self.path}: {os.fstat(fd).st_size} bytes, expected "
-                                   f"{self._size} for {self.links} links (a file of another platform?)")
-            self._file = fd
-            self._map = mmap.mmap(fd, self._size)
-            self._values = memoryview(self._map).cast("d")
-        return self._values
+        return self._file
+
+    def _header(self) -> tuple[float, int]:
+        turn, records = struct.unpack("<2d", os.pread(self._fd(), self._HEADER, 0))
+        return turn, int(records)
+
+    def _sync(self) -> None:
+        """Reads the records appended since the last turn into the calendars."""
+        _, records = self._header()
+        if records > self._read:
+            raw = os.pread(self._fd(), (records - self._read) * self._RECORD, self._HEADER + self._read * self._RECORD)
+            for link, start, end, nbytes in struct.iter_unpack("<4d", raw):
+                self._apply(int(link), start, end - start, nbytes)
+            self._read = records
+
+    def _apply(self, link: int, start: float, tx: float, nbytes: float) -> None:
+        if not 0 <= link < self.links:
+            raise RuntimeError(f"shared link clocks {self.path}: a record of link {link}, but the platform has "
+                               f"{self.links} links (a file of another platform?)")
+        self.calendars[link].occupy(start, tx)
+        self.busy_s[link] += tx
+        self.bytes[link] += nbytes
 
     @contextmanager
     def turn(self, served: int, ordered: bool) -> Iterator[None]:
@@ -153,49 +220,54 @@ class SharedLinkClocks:
         (0, 1, ...): under the ordered schedule it first waits until the
         other servers have had theirs (slot ``served * S + server``); under
         the free one, only until no other server is using them."""
-        values = self._open()
+        fd = self._fd()
         slot = served * self.servers + self.server
         deadline = time.monotonic() + self.timeout_s
         pause = 20e-6
-        while ordered and values[0] != slot:
-            if values[0] > slot:
+        while ordered and (turn := self._header()[0]) != slot:
+            if turn > slot:
                 raise RuntimeError(f"parameter server {self.server}: its message {served} came after the shared link "
                                    f"clocks moved past its turn (every server must serve the same calls)")
             if time.monotonic() > deadline:
-                waiting = int(values[0]) % self.servers
                 raise RuntimeError(
                     f"parameter server {self.server}: waited {self.timeout_s:g} s for its turn on the shared links "
-                    f"(message {served}); server {waiting} has not served its message {int(values[0]) // self.servers}")
+                    f"(message {served}); server {int(turn) % self.servers} has not served its message "
+                    f"{int(turn) // self.servers}")
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)  # a turn usually comes within one message's service
-        assert self._file is not None
-        fcntl.flock(self._file, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
+            self._sync()
             yield
         finally:
-            values[0] = values[0] + 1
-            fcntl.flock(self._file, fcntl.LOCK_UN)
+            turn, records = self._header()
+            if self._mine:
+                os.pwrite(fd, b"".join(struct.pack("<4d", *r) for r in self._mine),
+                          self._HEADER + records * self._RECORD)
+            os.pwrite(fd, struct.pack("<2d", turn + 1, float(records + len(self._mine))), 0)
+            self._read = records + len(self._mine)
+            self._mine.clear()
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def free_s(self, link: int) -> float:
-        return self._open()[1 + link]
-
-    def occupy(self, link: int, until_s: float, busy_s: float, nbytes: float) -> None:
-        v, n = self._open(), self.links
-        v[1 + link] = until_s
-        v[1 + n + link] += busy_s
-        v[1 + 2 * n + link] += nbytes
+    def occupy(self, link: int, start_s: float, tx_s: float, nbytes: float) -> None:
+        """Marks ``link`` busy for ``[start_s, start_s + tx_s)``; the others see it after this turn."""
+        self._apply(link, start_s, tx_s, nbytes)
+        self._mine.append((float(link), start_s, start_s + tx_s, nbytes))
 
     def totals(self) -> tuple[list[float], list[float]]:
         """(busy seconds, bytes) per link over every server's messages."""
-        v, n = self._open(), self.links
-        return list(v[1 + n:1 + 2 * n]), list(v[1 + 2 * n:1 + 3 * n])
+        if self._file is not None or os.path.exists(self.path):
+            fcntl.flock(self._fd(), fcntl.LOCK_EX)
+            try:
+                self._sync()
+            finally:
+                fcntl.flock(self._fd(), fcntl.LOCK_UN)
+        return list(self.busy_s), list(self.bytes)
 
     def close(self) -> None:
-        if self._values is not None:
-            self._values.release()
-            self._map.close()
-            os.close(self._file)  # type: ignore[arg-type]
-            self._values = self._file = None
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
 
 
 def links_file_for_run() -> str:
@@ -212,11 +284,11 @@ def links_file_for_run() -> str:
 
 
 class Links:
-    """The topology's links as FIFO resources for the messages one server
-    sends and receives: when each link is next free, and what it carried.
-    With ``shared`` clocks the links are free when no server's message
-    occupies them (:class:`SharedLinkClocks`); ``busy_s`` and ``bytes`` stay
-    this server's own."""
+    """The topology's links as resources for the messages one server sends
+    and receives: when each link is busy (a :class:`Calendar` per link), and
+    what it carried. With ``shared`` clocks the calendars hold every
+    server's messages (:class:`SharedLinkClocks`); ``busy_s`` and ``bytes``
+    stay this server's own."""
 
     def __init__(self, platform: Platform, shared: SharedLinkClocks | None = None) -> None:
         from zion_emu import sim
@@ -228,7 +300,7 @@ class Links:
         if shared is not None and shared.links != n:
             raise ValueError(f"shared link clocks for {shared.links} links, but platform '{platform.name}' has {n}")
         self.shared = shared
-        self.free_s = [0.0] * n
+        self.calendars = shared.calendars if shared is not None else [Calendar() for _ in range(n)]
         self.busy_s = [0.0] * n
         self.bytes = [0.0] * n
         self._routes: dict[tuple[Place, Place], Route] = {}
@@ -252,19 +324,20 @@ class Links:
 
     def send(self, src: Place, dst: Place, nbytes: float, ready_s: float) -> tuple[float, float]:
         """(first byte leaves, message arrives) for ``nbytes`` sent when ready
-        at ``ready_s``; marks the route's links busy meanwhile."""
+        at ``ready_s``: it leaves at the earliest time every link of the route
+        is free for the whole transfer, and marks them busy meanwhile."""
         if src == dst:
             return ready_s, ready_s
         r = self.route(src, dst)
-        free = self.shared.free_s if self.shared is not None else self.free_s.__getitem__
-        start = max([ready_s, *(free(link) for link in r.links)])
         tx = nbytes / r.bandwidth_bytes_per_s
+        start = earliest_start([self.calendars[link] for link in r.links], ready_s, tx)
         for link in r.links:
-            self.free_s[link] = start + tx
             self.busy_s[link] += tx
             self.bytes[link] += nbytes
             if self.shared is not None:
-                self.shared.occupy(link, start + tx, tx, nbytes)
+                self.shared.occupy(link, start, tx, nbytes)
+            else:
+                self.calendars[link].occupy(start, tx)
         return start, start + tx + r.latency_s
 
     def by_class(self, elapsed_s: float, every_server: bool = False) -> list[dict[str, Any]]:
