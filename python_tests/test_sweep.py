@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -229,3 +230,15 @@ def test_a_command_that_does_not_use_a_swept_name_runs_once_per_value_it_uses(tm
                                             ["T=2", "S=2"]]
     assert (tmp_path / "calls.txt").read_text().split("\n")[:-1] == ["a1 b1", "c10", "a1 b2", "a2 b1", "c20",
                                                                      "a2 b2"]
+
+
+def test_the_sweep_page_marks_the_most_samples_per_s_and_shows_each_limit() -> None:
+    from zion_emu import report_html
+
+    fast = rep.merge([_snap(0, {"samples": 512, "start_s": 0.0, "end_s": 1e-3, "limit": "server 0 busy",
+                                "limit_utilization": 0.5})])  # 512,000 samples/s
+    slow = rep.merge([_snap(0, samples=16)])  # 16 per 0.2 ms iteration: 80,000 samples/s
+    page = report_html.sweep_html([("async", fast), ("sync", slow)])
+    assert re.findall(r'<tr class="winner"><td>([^<]*)</td>', page) == ["async"]
+    assert "Best: async</strong> (512,000 samples/s)" in page and "server 0 busy (50.0%)" in page
+    assert "6.400x" in page  # 512,000 / 80,000

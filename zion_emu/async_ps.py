@@ -32,7 +32,8 @@ and receiver stay consistent:
 
 **Shared links.** A link is one resource for every server of a run: the
 servers given one ``links_file`` (:class:`SharedLinkClocks`, a file each
-maps) keep one busy-until clock per link, so messages of different servers
+appends its messages' intervals to and reads the others' from) keep one
+calendar of busy intervals per link, so messages of different servers
 crossing the same link (a trainer's PCIe link, a switch's uplink, a UPI
 link) take turns on it, as each server's own messages do. Two messages of
 ``b`` bytes that reach a link of bandwidth ``B`` together take ``b / B`` and
@@ -306,7 +307,7 @@ class Links:
         self._routes: dict[tuple[Place, Place], Route] = {}
 
     def close(self) -> None:
-        """Unmaps the shared clocks, if any."""
+        """Closes the shared clocks' file, if any."""
         if self.shared is not None:
             self.shared.close()
 

@@ -652,6 +652,23 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
     )
 
 
+def limit_of(report: RunReport) -> tuple[str | None, float | None]:
+    """What limited a run, as (name, utilization in 0..1): what the script
+    declared (``zion_emu.throughput``), else the report's busiest device,
+    socket or link class (its links' mean utilization) over the wall time."""
+    t = report.throughput
+    if t is not None and t.limit:
+        return t.limit, t.limit_utilization
+    found: list[tuple[float, str]] = []
+    found += [(d.busy_pct, f"zion:{d.device} of rank {d.rank} busy") for d in report.devices]
+    found += [(s.busy_pct, f"socket {s.socket} of rank {s.rank} busy") for s in report.sockets]
+    found += [(link.utilization_pct, f"link class {link.name}") for link in report.links if link.bytes > 0]
+    if not found:
+        return None, None
+    pct, name = max(found, key=lambda f: f[0])
+    return name, pct / 100.0
+
+
 def write_json(report: RunReport, path: str) -> None:
     with open(path, "w") as f:
         json.dump(report.to_json(), f, indent=1)

@@ -622,6 +622,8 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
     The best is marked: the most samples/s when every variant has them,
     else the fastest (least modeled time per iteration; wall time when a
     variant has fewer than two steps)."""
+    from zion_emu.report import limit_of
+
     if not variants:
         raise ValueError("a sweep page needs at least one variant")
     reports = [r for _, r in variants]
@@ -640,9 +642,8 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
     for (name, r), v in zip(variants, values):
         b = r.breakdown
         parts = [_e(format_time(getattr(b, p))) if b else "-" for p, _, _ in _PARTS]
-        t = r.throughput
-        limit = "-" if t is None or not t.limit else t.limit + (
-            "" if t.limit_utilization is None else f" ({t.limit_utilization * 100:.0f}%)")
+        what_limited, share = limit_of(r)
+        limit = "-" if what_limited is None else what_limited + ("" if share is None else f" ({share * 100:.1f}%)")
         ratio = (best / v if by_samples else v / best) if best > 0 and v > 0 else None
         rows.append([_e(name), _e(format_time(r.iteration_s) if by_samples and r.iteration_s else
                                   "-" if by_samples else format_time(v)),
@@ -651,7 +652,7 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
                      _e(format_time(r.wall_s)), *parts,
                      _e(format_bytes(max((d.peak_hbm_bytes for d in r.devices), default=0), 2))])
     table = _table(["variant", "time per iteration" if by_samples else what,
-                    "best / this" if by_samples else "vs fastest", "samples/s", "limited by (declared)",
+                    "best / this" if by_samples else "vs fastest", "samples/s", "limited by (utilization)",
                     "wall time", *(n for _, n, _ in _PARTS), "peak HBM (max device)"],
                    rows, row_class=lambda i: "winner" if i in winners else "")
     fastest = ", ".join(names[i] for i in winners)

@@ -233,13 +233,14 @@ def commands_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     first = copy.copy(args)
     first.script_args = parts[0]
     commands = [first]
+    parser = _command_parser()
     for part in parts[1:]:
         if not part:
             raise CliError(f"an empty command after '{COMMANDS_SEPARATOR}'; give [RUN OPTIONS] SCRIPT [ARGS]")
-        given = _command_parser().parse_args(part)
+        given = parser.parse_args(part)
         one = copy.copy(args)
         for name, value in vars(given).items():
-            default = _command_parser().get_default(name)
+            default = parser.get_default(name)
             if name in ("script", "script_args") or value != default:
                 setattr(one, name, value)
         commands.append(one)
@@ -394,12 +395,10 @@ class Variant:
         return f"{base} | {self.command}" if self.command else base
 
     def limit(self) -> tuple[str | None, float | None]:
-        """What limited the run: what the script declared (zion_emu.throughput),
-        else the busiest device, socket or link class of the report."""
-        r = self.report
-        if r.throughput is not None and r.throughput.limit:
-            return r.throughput.limit, r.throughput.limit_utilization
-        return busiest(r)
+        """What limited the run (``zion_emu.report.limit_of``)."""
+        from zion_emu.report import limit_of
+
+        return limit_of(self.report)
 
     def numbers(self) -> dict[str, Any]:
         """What a row shows (and ``--json`` writes), in seconds and bytes."""
@@ -419,19 +418,6 @@ class Variant:
     def as_json(self) -> dict[str, Any]:
         return {"variant": self.assignments, **({"command": self.command} if self.command else {}),
                 **self.numbers(), "best": self.best}
-
-
-def busiest(r: RunReport) -> tuple[str | None, float | None]:
-    """The report's busiest resource over the run's wall time: a device, a
-    socket or a link class (its links' mean utilization), as (name, share)."""
-    found: list[tuple[float, str]] = []
-    found += [(d.busy_pct, f"zion:{d.device} of rank {d.rank} busy") for d in r.devices]
-    found += [(s.busy_pct, f"socket {s.socket} of rank {s.rank} busy") for s in r.sockets]
-    found += [(link.utilization_pct, f"link class {link.name}") for link in r.links if link.bytes > 0]
-    if not found:
-        return None, None
-    pct, name = max(found, key=lambda f: f[0])
-    return name, pct / 100.0
 
 
 def ranking(reports: list[RunReport]) -> tuple[str, list[float], bool]:
