@@ -126,8 +126,10 @@ def _snap(rank: int, throughput: dict | None = None, samples: int | None = None)
 def test_declared_throughputs_add_up_over_the_ranks_that_declared() -> None:
     # Trainers 0 and 1 declare 512 and 256 samples over [1, 5] ms and [2, 9] ms:
     # 768 samples in 8 ms = 96,000 samples/s; the higher-utilization limit wins.
-    r = rep.merge([_snap(0, {"samples": 512, "start_s": 1e-3, "end_s": 5e-3, "limit": "server 0", "limit_utilization": 0.5}),
-                   _snap(1, {"samples": 256, "start_s": 2e-3, "end_s": 9e-3, "limit": "link a>b", "limit_utilization": 0.75}),
+    r = rep.merge([_snap(0, {"samples": 512, "start_s": 1e-3, "end_s": 5e-3, "limit": "server 0",
+                             "limit_utilization": 0.5}),
+                   _snap(1, {"samples": 256, "start_s": 2e-3, "end_s": 9e-3, "limit": "link a>b",
+                             "limit_utilization": 0.75}),
                    _snap(2)])
     t = r.throughput
     assert (t.samples, t.ranks, t.limit, t.limit_utilization) == (768, [0, 1], "link a>b", 0.75)

@@ -24,8 +24,9 @@ from zion_emu.iterations import Iterations, declared_throughput, mean_iteration_
 __all__ = [
     "COMMUNICATION", "COMPUTE", "COPY", "DEFAULT_MAX_SPANS", "Breakdown", "DeviceSnapshot", "DeviceSummary", "HbmOverTime",
     "LinkCounters", "LinkSummary", "OpSummary", "RankSnapshot", "RankStatus", "RunReport", "RunStatus",
-    "SocketSnapshot", "SocketSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown", "merge", "snapshot",
-    "start_recording", "union_length", "world_summary", "write_json",
+    "SocketSnapshot", "SocketSummary", "ThroughputSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown",
+    "limit_of", "merge", "snapshot", "start_recording", "throughput_summary", "union_length", "world_summary",
+    "write_json",
 ]
 
 _timeline = _C.timeline
@@ -480,7 +481,8 @@ def throughput_summary(snaps: Iterable[RankSnapshot]) -> ThroughputSummary | Non
     limits = [t for t in ts if t.get("limit")]  # type: ignore[union-attr]
     top = max(limits, key=lambda t: t.get("limit_utilization") or 0.0, default=None)
     return ThroughputSummary(samples, span, samples / span, [s.rank for s in seen],
-                             None if top is None else top["limit"], None if top is None else top.get("limit_utilization"))
+                             None if top is None else top["limit"],
+                             None if top is None else top.get("limit_utilization"))
 
 
 @dataclass
