@@ -8,7 +8,8 @@ For each trainer count T it runs, through ``zion-emu run`` on one platform:
   all T + S ranks as processes, in real mode (RPC moves real bytes);
   throughput is every trainer's samples over the modeled time from the first
   trainer's start to the last one's end; the limit is the busiest resource,
-  a server's socket or a link its messages crossed, with its utilization;
+  a server's socket or a link the servers' messages crossed (they share
+  each link's clock: every server's messages count), with its utilization;
 - **sync**: ``examples/dlrm/dlrm.py`` on T ranks, the same model shapes and
   the same samples per rank per step (global batch = T x per-trainer batch),
   in timing-only mode with two ranks running when T > 8 (``--world-size T

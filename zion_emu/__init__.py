@@ -38,7 +38,7 @@ _register()
 from zion_emu import cost  # noqa: E402
 from zion_emu._timing import mode, placeholder_reads  # noqa: E402
 from zion_emu.device import DeviceProperties  # noqa: E402
-from zion_emu.iterations import samples_per_iteration  # noqa: E402
+from zion_emu.iterations import samples_per_iteration, throughput  # noqa: E402
 from zion_emu.sockets import socket  # noqa: E402
 from zion_emu.state import load_state_dict, state_dict  # noqa: E402
 from zion_emu.timeline import DeviceCounters, clock, counters, reset_clock  # noqa: E402
@@ -49,7 +49,7 @@ __all__ = [
     # the device and its modeled clock and counters
     "DeviceCounters", "DeviceProperties", "clock", "cost", "counters", "mode", "placeholder_reads", "reset_clock",
     # the host side, runs and checkpoints
-    "load_state_dict", "samples_per_iteration", "socket", "state_dict",
+    "load_state_dict", "samples_per_iteration", "socket", "state_dict", "throughput",
 ]
 
 # The public submodules. Those not imported above are imported by

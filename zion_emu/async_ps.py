@@ -15,11 +15,13 @@ and receiver stay consistent:
 
 - a request carries its sender's clock at sending, ``send_s`` (a trainer on
   an OAM first waits for its device: the payload must be computed);
-- it occupies each link of its route, first come first served in the order
-  the server serves its messages, for ``bytes / bandwidth`` of the route's
-  slowest link, starting when the sender is ready and every link of the
-  route is free; it arrives one route latency after its last byte left:
-  ``arrival_s = max(send_s, free(links)) + bytes / bandwidth + latency``;
+- it occupies each link of its route for ``bytes / bandwidth`` of the
+  route's slowest link, from the earliest time at or after the sender is
+  ready when every link of the route is free for that long, around the
+  messages placed on them before it (in the order the servers serve their
+  messages: a message fills a gap between earlier-placed ones when it fits,
+  else waits for the link); it arrives one route latency after its last
+  byte left: ``arrival_s = start + bytes / bandwidth + latency``;
 - the server serves one message at a time: it starts at
   ``max(server clock, arrival_s)``, the work (gathers, updates, copies) runs
   priced on its socket (``zion_emu.socket``), and ``finish_s`` is the
@@ -28,11 +30,23 @@ and receiver stay consistent:
   and the trainer's clock waits until ``reply_arrival_s``. So a reply never
   arrives before its request was served, nor a request before it was sent.
 
-A server knows the messages it sends and receives, so its links are FIFO
-for them; messages of different servers do not contend on a link they share
-(each server keeps its own link clocks). Message size is the bytes of the
-tensors it carries (ids, rows, gradients, parameters); headers are not
-counted.
+**Shared links.** A link is one resource for every server of a run: the
+servers given one ``links_file`` (:class:`SharedLinkClocks`, a file each
+appends its messages' intervals to and reads the others' from) keep one
+calendar of busy intervals per link, so messages of different servers
+crossing the same link (a trainer's PCIe link, a switch's uplink, a UPI
+link) take turns on it, as each server's own messages do. Two messages of
+``b`` bytes that reach a link of bandwidth ``B`` together take ``b / B`` and
+``2 b / B``: the second waits for the first's last byte (one message at a
+time per link, as ASTRA-sim's analytical backend queues them; not max-min
+fair share, which would change a message already answered when a later one
+arrives). Under the ordered schedule the servers take turns: every
+server serves the same calls in the same order, and server ``s``'s ``n``-th
+message is the ``n * S + s``-th on the shared clocks, so the modeled times
+stay fixed by the script. Without a ``links_file`` a server keeps link
+clocks of its own (one server alone is the same either way). Message size is
+the bytes of the tensors it carries (ids, rows, gradients, parameters);
+headers are not counted.
 
 **Schedules.** Trainers call each server in turn: a server serves its
 messages in the order of ``(call number, trainer)``, the trainers' k-th
@@ -46,10 +60,15 @@ modeled times, depend on the run.
 
 from __future__ import annotations
 
+import bisect
+import fcntl
+import os
+import struct
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -92,21 +111,205 @@ class Route:
     links: tuple[int, ...]
 
 
-class Links:
-    """The topology's links as FIFO resources for the messages one server
-    sends and receives: when each link is next free, and what it carried."""
+class Calendar:
+    """When one link is busy: disjoint ``[start, end)`` intervals, in order."""
 
-    def __init__(self, platform: Platform) -> None:
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def conflict(self, t: float, tx: float) -> float | None:
+        """The end of the interval that ``[t, t + tx)`` would overlap (a
+        zero-length message: that ``t`` falls inside), or None if it fits."""
+        j = bisect.bisect_right(self.ends, t)  # the first interval ending after t
+        if j < len(self.starts) and (self.starts[j] < t + tx or (tx == 0 and self.starts[j] <= t)):
+            return self.ends[j]
+        return None
+
+    def occupy(self, t: float, tx: float) -> None:
+        if tx <= 0:
+            return
+        j = bisect.bisect_left(self.starts, t)
+        self.starts.insert(j, t)
+        self.ends.insert(j, t + tx)
+        if j + 1 < len(self.starts) and self.starts[j + 1] == self.ends[j]:  # touches the next: one interval
+            self.ends[j] = self.ends.pop(j + 1)
+            self.starts.pop(j + 1)
+        if j > 0 and self.ends[j - 1] == self.starts[j]:
+            self.ends[j - 1] = self.ends.pop(j)
+            self.starts.pop(j)
+
+
+def earliest_start(calendars: Sequence[Calendar], ready_s: float, tx_s: float) -> float:
+    """The earliest time at or after ``ready_s`` when every calendar is free
+    for ``tx_s`` (a message fills a gap between messages placed before it)."""
+    t = ready_s
+    moved = True
+    while moved:
+        moved = False
+        for c in calendars:
+            end = c.conflict(t, tx_s)
+            if end is not None:
+                t, moved = end, True
+    return t
+
+
+class SharedLinkClocks:
+    """The busy intervals of every link, shared by the parameter servers of
+    a run through a file: a header ``[turn, records]`` and then one record
+    ``(link, start, end, bytes)`` per link a message occupied, all float64.
+    Each server keeps the calendars in memory and, on its turn, reads the
+    records the others appended since (:meth:`turn`). ``busy_s`` and
+    ``bytes`` of :meth:`totals` sum every server's messages.
+
+    The first server creates the file (``create=True``) before any trainer
+    can send; the others open it on first use."""
+
+    _HEADER, _RECORD = 16, 32
+
+    def __init__(self, path: str | os.PathLike, links: int, servers: int, server: int, create: bool = False,
+                 timeout_s: float = 120.0) -> None:
+        if servers < 1 or not 0 <= server < servers:
+            raise ValueError(f"shared link clocks: server {server} of {servers} servers (allowed: 0..{servers - 1})")
+        self.path, self.links, self.servers, self.server = os.fspath(path), links, servers, server
+        self.timeout_s = timeout_s
+        self.calendars = [Calendar() for _ in range(links)]
+        self.busy_s = [0.0] * links
+        self.bytes = [0.0] * links
+        self._file: int | None = None
+        self._read = 0  # records read so far
+        self._mine: list[tuple[float, float, float, float]] = []  # appended at the end of this turn
+        if create:
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(struct.pack("<2d", 0.0, 0.0))  # turn 0, no records
+            os.replace(tmp, self.path)  # whole, or not there at all
+
+    def _fd(self) -> int:
+        if self._file is None:
+            try:
+                self._file = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                raise RuntimeError(f"parameter server {self.server}: the shared link clocks {self.path} do not exist; "
+                                   "the first server creates them (create=True) before rpc.init_rpc") from None
+        return self._file
+
+    def _header(self) -> tuple[float, int]:
+        turn, records = struct.unpack("<2d", os.pread(self._fd(), self._HEADER, 0))
+        return turn, int(records)
+
+    def _sync(self) -> None:
+        """Reads the records appended since the last turn into the calendars."""
+        _, records = self._header()
+        if records > self._read:
+            raw = os.pread(self._fd(), (records - self._read) * self._RECORD, self._HEADER + self._read * self._RECORD)
+            for link, start, end, nbytes in struct.iter_unpack("<4d", raw):
+                self._apply(int(link), start, end - start, nbytes)
+            self._read = records
+
+    def _apply(self, link: int, start: float, tx: float, nbytes: float) -> None:
+        if not 0 <= link < self.links:
+            raise RuntimeError(f"shared link clocks {self.path}: a record of link {link}, but the platform has "
+                               f"{self.links} links (a file of another platform?)")
+        self.calendars[link].occupy(start, tx)
+        self.busy_s[link] += tx
+        self.bytes[link] += nbytes
+
+    @contextmanager
+    def turn(self, served: int, ordered: bool) -> Iterator[None]:
+        """The shared clocks, for this server's message number ``served``
+        (0, 1, ...): under the ordered schedule it first waits until the
+        other servers have had theirs (slot ``served * S + server``); under
+        the free one, only until no other server is using them."""
+        fd = self._fd()
+        slot = served * self.servers + self.server
+        deadline = time.monotonic() + self.timeout_s
+        pause = 20e-6
+        while ordered and (turn := self._header()[0]) != slot:
+            if turn > slot:
+                raise RuntimeError(f"parameter server {self.server}: its message {served} came after the shared link "
+                                   f"clocks moved past its turn (every server must serve the same calls)")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"parameter server {self.server}: waited {self.timeout_s:g} s for its turn on the shared links "
+                    f"(message {served}); server {int(turn) % self.servers} has not served its message "
+                    f"{int(turn) // self.servers}")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)  # a turn usually comes within one message's service
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            self._sync()
+            yield
+        finally:
+            turn, records = self._header()
+            if self._mine:
+                os.pwrite(fd, b"".join(struct.pack("<4d", *r) for r in self._mine),
+                          self._HEADER + records * self._RECORD)
+            os.pwrite(fd, struct.pack("<2d", turn + 1, float(records + len(self._mine))), 0)
+            self._read = records + len(self._mine)
+            self._mine.clear()
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def occupy(self, link: int, start_s: float, tx_s: float, nbytes: float) -> None:
+        """Marks ``link`` busy for ``[start_s, start_s + tx_s)``; the others see it after this turn."""
+        self._apply(link, start_s, tx_s, nbytes)
+        self._mine.append((float(link), start_s, start_s + tx_s, nbytes))
+
+    def totals(self) -> tuple[list[float], list[float]]:
+        """(busy seconds, bytes) per link over every server's messages."""
+        if self._file is not None or os.path.exists(self.path):
+            fcntl.flock(self._fd(), fcntl.LOCK_EX)
+            try:
+                self._sync()
+            finally:
+                fcntl.flock(self._fd(), fcntl.LOCK_UN)
+        return list(self.busy_s), list(self.bytes)
+
+    def close(self) -> None:
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
+
+
+def links_file_for_run() -> str:
+    """Where the servers of this run share their link clocks: the run's
+    folder under ``zion-emu run``, else the temporary folder, named by the
+    rendezvous address (unique to a torchrun job on a host)."""
+    run_dir = os.environ.get("ZION_RUN_DIR")
+    if run_dir:
+        return os.path.join(run_dir, "ps_links.bin")
+    import tempfile
+
+    where = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
+    return os.path.join(tempfile.gettempdir(), f"zion-ps-links-{where}.bin")
+
+
+class Links:
+    """The topology's links as resources for the messages one server sends
+    and receives: when each link is busy (a :class:`Calendar` per link), and
+    what it carried. With ``shared`` clocks the calendars hold every
+    server's messages (:class:`SharedLinkClocks`); ``busy_s`` and ``bytes``
+    stay this server's own."""
+
+    def __init__(self, platform: Platform, shared: SharedLinkClocks | None = None) -> None:
         from zion_emu import sim
 
         self.platform = platform
         self.topology = sim.build_topology(platform.native)
         self.link_table = self.topology.links
         n = len(self.link_table)
-        self.free_s = [0.0] * n
+        if shared is not None and shared.links != n:
+            raise ValueError(f"shared link clocks for {shared.links} links, but platform '{platform.name}' has {n}")
+        self.shared = shared
+        self.calendars = shared.calendars if shared is not None else [Calendar() for _ in range(n)]
         self.busy_s = [0.0] * n
         self.bytes = [0.0] * n
         self._routes: dict[tuple[Place, Place], Route] = {}
+
+    def close(self) -> None:
+        """Closes the shared clocks' file, if any."""
+        if self.shared is not None:
+            self.shared.close()
 
     def route(self, src: Place, dst: Place) -> Route:
         key = (src, dst)
@@ -122,29 +325,36 @@ class Links:
 
     def send(self, src: Place, dst: Place, nbytes: float, ready_s: float) -> tuple[float, float]:
         """(first byte leaves, message arrives) for ``nbytes`` sent when ready
-        at ``ready_s``; marks the route's links busy meanwhile."""
+        at ``ready_s``: it leaves at the earliest time every link of the route
+        is free for the whole transfer, and marks them busy meanwhile."""
         if src == dst:
             return ready_s, ready_s
         r = self.route(src, dst)
-        start = max([ready_s, *(self.free_s[link] for link in r.links)])
         tx = nbytes / r.bandwidth_bytes_per_s
+        start = earliest_start([self.calendars[link] for link in r.links], ready_s, tx)
         for link in r.links:
-            self.free_s[link] = start + tx
             self.busy_s[link] += tx
             self.bytes[link] += nbytes
+            if self.shared is not None:
+                self.shared.occupy(link, start, tx, nbytes)
+            else:
+                self.calendars[link].occupy(start, tx)
         return start, start + tx + r.latency_s
 
-    def by_class(self, elapsed_s: float) -> list[dict[str, Any]]:
+    def by_class(self, elapsed_s: float, every_server: bool = False) -> list[dict[str, Any]]:
         """Per link class: bytes, busy seconds summed over links, and the
-        busiest link's name and utilization over ``elapsed_s``."""
+        busiest link's name and utilization over ``elapsed_s``; this
+        server's messages, or with ``every_server`` (shared clocks) those
+        of every server."""
+        busy, nbytes = self.shared.totals() if every_server and self.shared is not None else (self.busy_s, self.bytes)
         out: dict[str, dict[str, Any]] = {}
         for i, link in enumerate(self.link_table):
             c = out.setdefault(link["link_class"], {"link_class": link["link_class"], "bytes": 0.0, "busy_s": 0.0,
                                                      "busiest_link": "", "busiest_utilization": 0.0})
-            c["bytes"] += self.bytes[i]
-            c["busy_s"] += self.busy_s[i]
-            util = self.busy_s[i] / elapsed_s if elapsed_s > 0 else 0.0
-            if self.busy_s[i] > 0 and util >= c["busiest_utilization"]:
+            c["bytes"] += nbytes[i]
+            c["busy_s"] += busy[i]
+            util = busy[i] / elapsed_s if elapsed_s > 0 else 0.0
+            if busy[i] > 0 and util >= c["busiest_utilization"]:
                 c["busiest_utilization"] = util
                 c["busiest_link"] = f"{link['src_name']}>{link['dst_name']}"
         return [c for c in out.values() if c["bytes"] > 0]
@@ -198,11 +408,16 @@ class Reply:
 
 class ParameterServer:
     """One parameter server: its shard of each table and its dense
-    parameters, on socket ``place.index`` of node ``place.node``."""
+    parameters, on socket ``place.index`` of node ``place.node``.
+
+    ``links_file``: the file where the run's ``servers`` servers share their
+    link clocks (:class:`SharedLinkClocks`; server 0 creates it, so
+    construct it before ``rpc.init_rpc``); None keeps clocks of its own."""
 
     def __init__(self, index: int, place: Place, tables: dict[str, torch.Tensor], dense: dict[str, torch.Tensor],
                  lr: float, trainers: int, schedule: str = "ordered", timeout_s: float = 120.0,
-                 platform: Platform | None = None) -> None:
+                 platform: Platform | None = None, servers: int = 1, links_file: str | os.PathLike | None = None
+                 ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got '{schedule}'")
         if place.kind != "socket":
@@ -212,7 +427,15 @@ class ParameterServer:
         self.platform = platform or current_platform()
         self.index, self.place, self.lr, self.trainers = index, place.check(self.platform), lr, trainers
         self.schedule, self.timeout_s = schedule, timeout_s
-        self.links = Links(self.platform)
+        if not 0 <= index < servers:
+            raise ValueError(f"parameter server {index} of {servers} servers (allowed: 0..{servers - 1})")
+        shared = None
+        if links_file is not None:
+            from zion_emu import sim
+
+            count = len(sim.build_topology(self.platform.native).links)
+            shared = SharedLinkClocks(links_file, count, servers, index, create=index == 0, timeout_s=timeout_s)
+        self.links = Links(self.platform, shared)
         with socket_scope(place.index):  # the shard lives in this socket's DDR
             self.tables = {k: v.detach().clone() for k, v in tables.items()}
             self.dense = {k: v.detach().clone() for k, v in dense.items()}
@@ -271,6 +494,12 @@ class ParameterServer:
                 self._cv.notify_all()
 
     def _serve(self, req: Request) -> Reply:
+        if self.links.shared is None:
+            return self._serve_now(req)
+        with self.links.shared.turn(self.served, ordered=self.schedule == "ordered"):
+            return self._serve_now(req)
+
+    def _serve_now(self, req: Request) -> Reply:
         leaves, arrival = self.links.send(req.src, self.place, req.nbytes(), req.send_s)
         _C.timeline.wait_until(arrival)
         start = _C.device.host_time()
@@ -325,7 +554,9 @@ class ParameterServer:
         elapsed = self.last_finish_s - start
         return {"server": self.index, "place": str(self.place), "served": self.served, "busy_s": self.busy_s,
                 "elapsed_s": elapsed, "utilization": self.busy_s / elapsed if elapsed > 0 else 0.0,
-                "links": self.links.by_class(elapsed), "trainers": self.trainer_summaries}
+                "links": self.links.by_class(elapsed), "trainers": self.trainer_summaries,
+                **({"shared_links": self.links.by_class(elapsed, every_server=True)}
+                   if self.links.shared is not None else {})}
 
 
 # The server of this process, for the functions RPC runs on it.

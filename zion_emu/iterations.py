@@ -3,7 +3,8 @@
 A script says how many samples one of its iterations processes on this rank
 with :func:`samples_per_iteration` (``zion_emu.samples_per_iteration``, also
 reachable as ``zion_emu.launch.samples_per_iteration``); the run report then
-gives samples/s. ``python -m zion_emu run`` counts optimizer steps as
+gives samples/s. A script whose ranks do not step in lockstep declares
+what it measured instead, with :func:`throughput`. ``python -m zion_emu run`` counts optimizer steps as
 iterations with a :class:`StepClock`.
 """
 
@@ -29,6 +30,40 @@ def samples_per_iteration(n: int) -> None:
 def declared_samples_per_iteration() -> int | None:
     """What :func:`samples_per_iteration` declared in this process, if anything."""
     return _declared_samples
+
+
+_declared_throughput: dict[str, Any] | None = None
+
+
+def throughput(samples: int, start_s: float, end_s: float, limit: str | None = None,
+               limit_utilization: float | None = None) -> None:
+    """Declares what this rank measured: ``samples`` processed between the
+    modeled times ``start_s`` and ``end_s`` (seconds on the modeled clock),
+    and optionally what limited them (``limit``, e.g. a busy server or a
+    link, with its utilization in 0..1). For runs whose ranks do not step an
+    optimizer in lockstep (asynchronous training): the report's samples/s
+    is then the declared samples over the declared time. Several ranks'
+    declarations add up: their samples summed over the span from the
+    earliest start to the latest end. A later call replaces an earlier one.
+    Only read inside a run."""
+    global _declared_throughput
+    if isinstance(samples, bool) or int(samples) != samples or int(samples) <= 0:
+        raise ValueError(f"throughput: samples must be a positive integer, got {samples!r}")
+    if not end_s > start_s:
+        raise ValueError(f"throughput: end_s ({end_s!r}) must be after start_s ({start_s!r})")
+    if limit_utilization is not None and not 0 <= limit_utilization:
+        raise ValueError(f"throughput: limit_utilization must be 0 or more (a share: 1 is 100%), "
+                         f"got {limit_utilization!r}")
+    if limit_utilization is not None and limit is None:
+        raise ValueError("throughput: limit_utilization needs the limit it measures (limit='...')")
+    _declared_throughput = {"samples": int(samples), "start_s": float(start_s), "end_s": float(end_s),
+                            "limit": limit, "limit_utilization": None if limit_utilization is None
+                            else float(limit_utilization)}
+
+
+def declared_throughput() -> dict[str, Any] | None:
+    """What :func:`throughput` declared in this process, if anything."""
+    return None if _declared_throughput is None else dict(_declared_throughput)
 
 
 @dataclass

@@ -19,13 +19,14 @@ import torch
 from zion_emu import _C
 from zion_emu.breakdown import COMMUNICATION, COMPUTE, COPY, Breakdown, Spans, breakdown, union_length
 from zion_emu.inference import InferenceSnapshot, latency_stats
-from zion_emu.iterations import Iterations, mean_iteration_s
+from zion_emu.iterations import Iterations, declared_throughput, mean_iteration_s
 
 __all__ = [
     "COMMUNICATION", "COMPUTE", "COPY", "DEFAULT_MAX_SPANS", "Breakdown", "DeviceSnapshot", "DeviceSummary", "HbmOverTime",
     "LinkCounters", "LinkSummary", "OpSummary", "RankSnapshot", "RankStatus", "RunReport", "RunStatus",
-    "SocketSnapshot", "SocketSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown", "merge", "snapshot",
-    "start_recording", "union_length", "world_summary", "write_json",
+    "SocketSnapshot", "SocketSummary", "ThroughputSummary", "WORLD_ASSUMPTIONS", "WorldSummary", "breakdown",
+    "limit_of", "merge", "snapshot", "start_recording", "throughput_summary", "union_length", "world_summary",
+    "write_json",
 ]
 
 _timeline = _C.timeline
@@ -226,6 +227,8 @@ class RankSnapshot:
     # Every float32 matmul-class op and convolution it priced, by (requested,
     # priced) precision: requested, priced, ops, flops, device_s; None if none was.
     fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
+    # What the script measured (zion_emu.throughput): samples, start_s, end_s, limit, limit_utilization.
+    throughput: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -320,6 +323,7 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         inference=inference.snapshot(),
         fp32_matmul_precision=_C.device.last_fp32_matmul_pricing(),
         fp32_matmul_counts=list(_C.device.fp32_matmul_counts()) or None,
+        throughput=declared_throughput(),
     )
 
 
@@ -457,6 +461,35 @@ def _inference_summary(snaps: list[RankSnapshot]) -> InferenceSummary | None:
 
 
 @dataclass
+class ThroughputSummary:
+    """What the ranks measured (``zion_emu.throughput``): their samples over
+    the span from the earliest start to the latest end, in modeled seconds,
+    and what limited them (the limit with the highest utilization among
+    those declared)."""
+
+    samples: int
+    modeled_s: float
+    samples_per_s: float
+    ranks: list[int]  # those that declared
+    limit: str | None = None
+    limit_utilization: float | None = None
+
+
+def throughput_summary(snaps: Iterable[RankSnapshot]) -> ThroughputSummary | None:
+    seen = [s for s in snaps if s.throughput is not None]
+    if not seen:
+        return None
+    ts = [s.throughput for s in seen]
+    samples = sum(int(t["samples"]) for t in ts)  # type: ignore[index]
+    span = max(t["end_s"] for t in ts) - min(t["start_s"] for t in ts)  # type: ignore[index]
+    limits = [t for t in ts if t.get("limit")]  # type: ignore[union-attr]
+    top = max(limits, key=lambda t: t.get("limit_utilization") or 0.0, default=None)
+    return ThroughputSummary(samples, span, samples / span, [s.rank for s in seen],
+                             None if top is None else top["limit"],
+                             None if top is None else top.get("limit_utilization"))
+
+
+@dataclass
 class RunReport:
     """Every rank's snapshot merged: what ``zion-emu run`` prints and ``--report`` writes."""
 
@@ -486,6 +519,8 @@ class RunReport:
     fp32_matmul_precision: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
     # The whole run's float32 matmuls by precision: see fp32_matmul_counts(). Absent when none was priced.
     fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
+    # What the ranks measured (zion_emu.throughput); samples_per_s is then its samples/s.
+    throughput: ThroughputSummary | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -494,6 +529,7 @@ class RunReport:
     def from_json(cls, d: Mapping[str, Any]) -> RunReport:
         return cls(**{
             **d,
+            "throughput": None if d.get("throughput") is None else ThroughputSummary(**d["throughput"]),
             "inference": None if d.get("inference") is None else InferenceSummary(**d["inference"]),
             "breakdown": _breakdown_or_none(d["breakdown"]),
             "devices": [DeviceSummary.from_json(x) for x in d["devices"]],
@@ -563,7 +599,10 @@ def fp32_matmul_counts(snaps: Iterable[RankSnapshot]) -> list[dict[str, Any]] | 
 def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None = None, top: int = 10) -> RunReport:
     """One report from every rank's snapshot (spans are not carried over).
     ``samples_per_iteration`` counts all ranks (``--samples-per-iteration``);
-    without it, the sum of what the ranks declared, if every rank did."""
+    without it, the sum of what the ranks declared, if every rank did.
+    Samples/s is per iteration of the lead rank, or, where ranks declared a
+    measured throughput (``zion_emu.throughput``: ranks that do not step in
+    lockstep, some of which process no samples), that one."""
     snaps = sorted(snapshots, key=lambda s: s.rank)
     if not snaps:
         raise ValueError("no rank left a report (did every rank fail before its first step?)")
@@ -614,6 +653,8 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
     if samples_per_iteration is None:
         declared = [s.samples_per_iteration for s in snaps]
         samples_per_iteration = sum(declared) if all(declared) else None  # type: ignore[arg-type]
+    measured = throughput_summary(snaps)
+    samples_per_s = samples_per_iteration / per_iter if samples_per_iteration and per_iter else None
     return RunReport(
         platform=lead.platform,
         ranks=len(snaps),
@@ -621,7 +662,7 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         iterations=len(lead.iterations),
         iteration_s=per_iter,
         samples_per_iteration=samples_per_iteration,
-        samples_per_s=samples_per_iteration / per_iter if samples_per_iteration and per_iter else None,
+        samples_per_s=measured.samples_per_s if measured is not None else samples_per_s,
         breakdown=summary,
         breakdown_note=None if summary is not None else
         "spans were not recorded for every device (or some were dropped): no exposed/overlapped split",
@@ -635,7 +676,25 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         inference=_inference_summary(snaps),
         fp32_matmul_precision=fp32_matmul_precision(snaps),
         fp32_matmul_counts=fp32_matmul_counts(snaps),
+        throughput=measured,
     )
+
+
+def limit_of(report: RunReport) -> tuple[str | None, float | None]:
+    """What limited a run, as (name, utilization in 0..1): what the script
+    declared (``zion_emu.throughput``), else the report's busiest device,
+    socket or link class (its links' mean utilization) over the wall time."""
+    t = report.throughput
+    if t is not None and t.limit:
+        return t.limit, t.limit_utilization
+    found: list[tuple[float, str]] = []
+    found += [(d.busy_pct, f"zion:{d.device} of rank {d.rank} busy") for d in report.devices]
+    found += [(s.busy_pct, f"socket {s.socket} of rank {s.rank} busy") for s in report.sockets]
+    found += [(link.utilization_pct, f"link class {link.name}") for link in report.links if link.bytes > 0]
+    if not found:
+        return None, None
+    pct, name = max(found, key=lambda f: f[0])
+    return name, pct / 100.0
 
 
 def write_json(report: RunReport, path: str) -> None:

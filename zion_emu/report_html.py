@@ -49,6 +49,7 @@ _ACTIVITY_COLORS = {"compute": "#1f77b4", "copy": "#ff7f0e", "communication": "#
 _PROMINENT = ("simulated_ranks", "assumptions", "placeholders")
 # Report fields the page shows in its own sections; any other is shown as it is.
 _SHOWN = {"platform", "ranks", "wall_s", "iterations", "iteration_s", "samples_per_iteration", "samples_per_s",
+          "throughput",
           "breakdown", "breakdown_note", "devices", "sockets", "links", "top_ops", "guessed_ops", "status",
           "cuda_compat_remapped", "mode", "fp32_matmul_precision", "fp32_matmul_counts", *_PROMINENT}
 _DEVICE_COLUMNS = {"device", "rank", "busy_s", "busy_pct", "busy_by_activity_s", "flops", "bytes", "copy_bytes",
@@ -362,13 +363,15 @@ def _top_ops_chart(report: RunReport) -> str:
 
 
 def _sweep_chart(names: Sequence[str], per_iteration: Sequence[float], what: str, winners: Sequence[int]) -> str:
-    scale, unit = _time_unit(max(per_iteration, default=0.0))
+    """Bars of each variant's ``what``: a time, or samples/s (unscaled)."""
+    scale, unit = (1.0, "samples/s") if what == "samples/s" else _time_unit(max(per_iteration, default=0.0))
     fig = _figure(8, 0.9 + 0.35 * len(names))
     ax = fig.subplots()
     colors = ["#2ca02c" if i in winners else "#1f77b4" for i in range(len(names))]
     ax.barh(np.arange(len(names)), [v * scale for v in per_iteration], 0.8, color=colors)
     for i in winners:
-        ax.annotate(" fastest", (per_iteration[i] * scale, i), va="center", fontsize=8, color="#2ca02c")
+        ax.annotate(" best" if what == "samples/s" else " fastest", (per_iteration[i] * scale, i), va="center",
+                    fontsize=8, color="#2ca02c")
     ax.set_yticks(np.arange(len(names)), [f"★ {n}" if i in winners else n for i, n in enumerate(names)], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, max(per_iteration, default=0.0) * scale * 1.2 or 1.0)
@@ -466,7 +469,15 @@ def _summary_rows(r: RunReport) -> list[tuple[str, str]]:
         rows.append(("iterations", f"{r.iterations} (optimizer steps)"))
     if r.iteration_s:
         rows.append(("time per iteration", _e(f"{format_time(r.iteration_s)} (mean after the first)")))
-    if r.samples_per_s:
+    t = r.throughput
+    if t is not None:
+        rows.append(("throughput", _e(f"{t.samples_per_s:,.0f} samples/s ({t.samples} samples in "
+                                      f"{format_time(t.modeled_s)}, measured by rank "
+                                      f"{', '.join(map(str, t.ranks))})")))
+        if t.limit:
+            util = "" if t.limit_utilization is None else f" ({t.limit_utilization * 100:.1f}% busy)"
+            rows.append(("limited by", _e(t.limit + util)))
+    elif r.samples_per_s:
         rows.append(("throughput", _e(f"{r.samples_per_s:,.0f} samples/s ({r.samples_per_iteration} per iteration)")))
     if r.status is not None:
         rows.append(("exit code", _e(f"{r.status.exit_code}" + (" (interrupted)" if r.status.interrupted else ""))))
@@ -616,33 +627,51 @@ def _per_iteration_s(r: RunReport) -> float:
 
 def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = None) -> str:
     """The page of a sweep: ``variants`` are (name, report) in the order run.
-    The fastest (least modeled time per iteration; wall time when a variant
-    has fewer than two steps) is marked."""
+    The best is marked: the most samples/s when every variant has them,
+    else the fastest (least modeled time per iteration; wall time when a
+    variant has fewer than two steps)."""
+    from zion_emu.report import limit_of
+
     if not variants:
         raise ValueError("a sweep page needs at least one variant")
     reports = [r for _, r in variants]
+    by_samples = all(r.samples_per_s for r in reports)
     by_iteration = all(r.iteration_s for r in reports)
-    what = "time per iteration" if by_iteration else "wall time"
-    values = [r.iteration_s if by_iteration else r.wall_s for r in reports]
-    best = min(values)
+    what = "samples/s" if by_samples else "time per iteration" if by_iteration else "wall time"
+    values = [r.samples_per_s if by_samples else r.iteration_s if by_iteration else r.wall_s for r in reports]
+    best = max(values) if by_samples else min(values)
     winners = [i for i, v in enumerate(values) if v == best]
     names = [n for n, _ in variants]
+
+    def shown(v: float) -> str:
+        return f"{v:,.0f} samples/s" if by_samples else format_time(v)
+
     rows = []
     for (name, r), v in zip(variants, values):
         b = r.breakdown
         parts = [_e(format_time(getattr(b, p))) if b else "-" for p, _, _ in _PARTS]
-        rows.append([_e(name), _e(format_time(v)), _e(f"{v / best:.3f}x") if best > 0 else "-",
-                     _e(f"{r.samples_per_s:,.0f}") if r.samples_per_s else "-", _e(format_time(r.wall_s)), *parts,
+        what_limited, share = limit_of(r)
+        limit = "-" if what_limited is None else what_limited + ("" if share is None else f" ({share * 100:.1f}%)")
+        ratio = (best / v if by_samples else v / best) if best > 0 and v > 0 else None
+        rows.append([_e(name), _e(format_time(r.iteration_s) if by_samples and r.iteration_s else
+                                  "-" if by_samples else format_time(v)),
+                     _e(f"{ratio:.3f}x") if ratio is not None else "-",
+                     _e(f"{r.samples_per_s:,.0f}") if r.samples_per_s else "-", _e(limit),
+                     _e(format_time(r.wall_s)), *parts,
                      _e(format_bytes(max((d.peak_hbm_bytes for d in r.devices), default=0), 2))])
-    table = _table(["variant", what, "vs fastest", "samples/s", "wall time", *(n for _, n, _ in _PARTS),
-                    "peak HBM (max device)"], rows, row_class=lambda i: "winner" if i in winners else "")
+    table = _table(["variant", "time per iteration" if by_samples else what,
+                    "best / this" if by_samples else "vs fastest", "samples/s", "limited by (utilization)",
+                    "wall time", *(n for _, n, _ in _PARTS), "peak HBM (max device)"],
+                   rows, row_class=lambda i: "winner" if i in winners else "")
     fastest = ", ".join(names[i] for i in winners)
-    body = (f"<p><strong>Fastest: {_e(fastest)}</strong> ({_e(format_time(best))} {what}).</p>" + table +
+    label = "Best" if by_samples else "Fastest"
+    body = (f"<p><strong>{label}: {_e(fastest)}</strong> ({_e(shown(best))}"
+            f"{'' if by_samples else ' ' + what}).</p>" + table +
             '<p class="note">The breakdown parts are means over devices and sum to the wall time.</p>')
     sections = [("variants", "Variants", body),
                 ("charts", "Side by side",
                  _chart("chart-sweep-time", _sweep_chart(names, values, what, winners),
-                        f"Modeled {what} of each variant; ★ marks the fastest.") +
+                        f"Modeled {what} of each variant; ★ marks the {'best' if by_samples else 'fastest'}.") +
                  (_chart("chart-sweep-breakdown",
                          _stacked_bars([(n, r.breakdown) for n, r in variants], "where each variant's run time went",
                                        horizontal=True, mark=winners),
@@ -654,7 +683,7 @@ def sweep_html(variants: Sequence[tuple[str, RunReport]], command: str | None = 
         inner = "".join(f"<h3>{_e(t)}</h3>{b}" for _, t, b in _run_tables(r, r.to_json()))
         if r.breakdown is not None:
             inner = _breakdown_table(r.breakdown, r.wall_s) + inner
-        star = " ★ fastest" if i in winners else ""
+        star = (" ★ best" if by_samples else " ★ fastest") if i in winners else ""
         details.append(f"<details><summary>{_e(name)}{star}</summary>{inner}</details>")
     sections.append(("reports", "Each variant's report", "".join(details)))
     return _page(f"zion-emu sweep on {reports[0].platform}", command, sections)

@@ -33,7 +33,15 @@ def _summary(report: RunReport) -> list[str]:
         lines.append(f"iterations             {report.iterations} (optimizer steps)")
     if report.iteration_s:
         lines.append(f"time per iteration     {format_time(report.iteration_s)} (modeled, after the first)")
-    if report.samples_per_s:
+    t = report.throughput
+    if t is not None:
+        who = ", ".join(map(str, t.ranks))
+        lines.append(f"throughput             {t.samples_per_s:,.0f} samples/s (modeled: {t.samples} samples in "
+                     f"{format_time(t.modeled_s)}, measured by rank {who})")
+        if t.limit:
+            util = "" if t.limit_utilization is None else f" ({t.limit_utilization * 100:.1f}% busy)"
+            lines.append(f"limited by             {t.limit}{util}")
+    elif report.samples_per_s:
         lines.append(f"throughput             {report.samples_per_s:,.0f} samples/s (modeled, "
                      f"{report.samples_per_iteration} samples per iteration)")
     return lines

@@ -13,7 +13,10 @@ forward and backward, and pushes the gradients without waiting, Hogwild-style.
 
 The first server prints the throughput (samples/s over every trainer, in
 modeled time), each server's utilization and the busiest link of each class
-its messages crossed, and what limits the run. ``--out DIR`` writes each
+its messages crossed, and what limits the run; under ``zion-emu run`` it
+declares that throughput and limit to the run's report
+(``zion_emu.throughput``), which ``zion-emu sweep`` compares. The servers
+share the links' clocks (``zion_emu.async_ps.SharedLinkClocks``). ``--out DIR`` writes each
 trainer's losses and RPC timings (``trainerI.json``) and the summary
 (``summary.json``).
 """
@@ -98,8 +101,12 @@ def run_server(args: argparse.Namespace, index: int, trainers: int, rank: int, w
         params = dict(init_dense(shape, args.seed).named_parameters())
         homes = async_ps.dense_homes({n: p.numel() * p.element_size() for n, p in params.items()}, args.servers)
         dense = {name: p.detach() for name, p in params.items() if homes[name] == index}
+    # The servers share one busy-until clock per link (server 0 creates
+    # them here, before any trainer can send).
+    links_file = async_ps.links_file_for_run()
     server = async_ps.ParameterServer(index, place, tables, dense, shape.lr, trainers, args.schedule,
-                                      timeout_s=args.timeout, platform=platform)
+                                      timeout_s=args.timeout, platform=platform, servers=args.servers,
+                                      links_file=links_file)
     async_ps.install(server)
     rpc.init_rpc(f"ps{index}", rank=rank, world_size=world, rpc_backend_options=options)
     try:
@@ -111,8 +118,14 @@ def run_server(args: argparse.Namespace, index: int, trainers: int, rank: int, w
             if args.out:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+            if os.environ.get("ZION_RUN_DIR"):  # under `zion-emu run`: its report and sweep show the throughput
+                zion_emu.throughput(summary["samples"], summary["start_s"], summary["end_s"],
+                                    limit=summary["limit"], limit_utilization=summary["limit_utilization"])
     finally:
         rpc.shutdown()
+        server.links.close()
+        if index == 0:
+            Path(links_file).unlink(missing_ok=True)
 
 
 def run_trainer(args: argparse.Namespace, index: int, rank: int, world: int,
@@ -184,11 +197,13 @@ def summarize(args: argparse.Namespace, trainers: int, per_step: int, stats: lis
     # The busiest resource: a server's work, or a link its messages crossed.
     busiest = max(((s["utilization"], f"server {s['server']} ({s['place']}) busy") for s in stats), default=(0, ""))
     for s in stats:
-        for c in s["links"]:
+        # Shared clocks: every server's messages on each link (all servers see the same).
+        for c in s.get("shared_links", s["links"]):
             if c["busiest_utilization"] > busiest[0]:
                 busiest = (c["busiest_utilization"], f"link {c['busiest_link']} ({c['link_class']})")
     return {"trainers": trainers, "servers": len(stats), "schedule": args.schedule, "dense": args.dense,
-            "samples_per_step": per_step, "samples": samples, "modeled_s": end - start, "pull_wait_share": pull_wait,
+            "samples_per_step": per_step, "samples": samples, "start_s": start, "end_s": end,
+            "modeled_s": end - start, "pull_wait_share": pull_wait,
             "samples_per_s": samples / (end - start) if end > start else None, "step_s": step_s,
             "limit": busiest[1], "limit_utilization": busiest[0], "server_stats": stats}
 

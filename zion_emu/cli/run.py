@@ -41,21 +41,27 @@ if TYPE_CHECKING:
     from zion_emu.report import RankSnapshot, RunReport
 
 
-def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) -> None:
+def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True, templated: bool = False,
+                      launch_only: bool = False) -> None:
+    """The options of ``zion-emu run``. ``templated``: the numbers are read as
+    text (``zion-emu sweep`` fills in ``{NAME}`` first, then reads them);
+    ``launch_only``: only how the ranks start, and the script."""
+    number = str if templated else int
     if with_platform:
         add_platform_arguments(p, one_value_per_set=True)
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
+    p.add_argument("--nproc", type=number, default=None, metavar="N",
                    help="ranks on this node (torchrun --nproc-per-node; default 1); each uses zion:LOCAL_RANK")
-    p.add_argument("--nnodes", default="1", metavar="N", help="nodes of the run (torchrun --nnodes)")
-    p.add_argument("--node-rank", type=int, default=0, help="this node's rank (torchrun --node-rank)")
-    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (torchrun --master-addr)")
-    p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
+    if not launch_only:
+        p.add_argument("--nnodes", default="1", metavar="N", help="nodes of the run (torchrun --nnodes)")
+        p.add_argument("--node-rank", type=int, default=0, help="this node's rank (torchrun --node-rank)")
+        p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (torchrun --master-addr)")
+        p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
     p.add_argument("--cuda-compat", action="store_true",
                    help="run a script written for CUDA unmodified: cuda devices, torch.cuda.* and nccl map to zion")
     p.add_argument("--timing-only", action="store_true",
                    help="timing-only mode (ZION_MODE=timing in every rank): floating-point zion tensors hold no "
                         "bytes, every op and collective is priced as in real mode")
-    p.add_argument("--world-size", type=int, default=None, metavar="N",
+    p.add_argument("--world-size", type=number, default=None, metavar="N",
                    help="the script sees a world of N ranks (WORLD_SIZE=N, RANK, LOCAL_RANK = RANK %% devices per "
                         "node); every collective is priced for all N; the platform needs N / devices-per-node nodes")
     p.add_argument("--ranks", default=None, metavar="LIST",
@@ -63,8 +69,12 @@ def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True) ->
                         "(default: all N); fewer than N needs --timing-only")
     p.add_argument("--virtual-clock", action="store_true",
                    help="time.time / perf_counter / monotonic read the modeled host clock inside the script")
-    p.add_argument("--samples-per-iteration", type=int, default=None, metavar="N",
+    p.add_argument("--samples-per-iteration", type=number, default=None, metavar="N",
                    help="samples one optimizer step processes over all ranks, for samples/s in the report")
+    if launch_only:
+        p.add_argument("script", help="the training script")
+        p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+        return
     p.add_argument("--report", metavar="OUT.json", default=None, help="write the report as JSON")
     p.add_argument("--trace", metavar="OUT.json", default=None,
                    help="write a Chrome/Perfetto trace of the modeled timeline")
