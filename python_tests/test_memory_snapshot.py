@@ -106,6 +106,8 @@ def test_timing_only_snapshot_of_a_model_bigger_than_the_host(tmp_path: Path):
         from torch import nn
         from torch.cuda import _memory_viz
         assert zion_emu.mode() == "timing"
+        torch.ones(1, device="zion")  # the runtime is up: what the process holds before the model
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         torch.zion.memory._record_memory_history(max_entries=100000)
         rows, dim = 25_000_000, 64
         table = nn.EmbeddingBag(rows, dim, mode="sum", device="zion")
@@ -124,8 +126,11 @@ def test_timing_only_snapshot_of_a_model_bigger_than_the_host(tmp_path: Path):
         assert sum(s["allocated_size"] for s in snap["segments"]) == torch.zion.memory_allocated()
         assert "Active Memory Timeline" in _memory_viz.trace_plot(snap)
         print("peak", peak)
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        assert rss < table_bytes / 4, rss  # the host never held the table
+        # The host never held the table: the process's peak resident memory
+        # grew by less than an eighth of it (an ASan build's shadow memory and
+        # quarantine included; holding the table would add all 6.4 GB).
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
+        assert grew < table_bytes / 8, (grew, rss_before)
     """, env={**os.environ, "ZION_MODE": "timing"}).stdout
     peak = int(out.split("peak")[1].split()[0])
     assert peak > 24 << 30, peak
