@@ -127,10 +127,12 @@ def test_timing_only_snapshot_of_a_model_bigger_than_the_host(tmp_path: Path):
         assert "Active Memory Timeline" in _memory_viz.trace_plot(snap)
         print("peak", peak)
         # The host never held the table: the process's peak resident memory
-        # grew by less than an eighth of it (an ASan build's shadow memory and
-        # quarantine included; holding the table would add all 6.4 GB).
+        # grew by less than a quarter of it. Holding it would add all 6.4 GB;
+        # the growth is the dense backward's CPU kernel on its narrow stand-in
+        # (a 25M-row result and its integer temporaries, about 0.7 GB), plus,
+        # in an ASan build, shadow memory and quarantine.
         grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-        assert grew < table_bytes / 8, (grew, rss_before)
+        assert grew < table_bytes / 4, (grew, rss_before)
     """, env={**os.environ, "ZION_MODE": "timing"}).stdout
     peak = int(out.split("peak")[1].split()[0])
     assert peak > 24 << 30, peak
