@@ -380,12 +380,62 @@ def test_pipeline_small_calls_launch_fewer_channels_and_threads():
     assert tiny["time"] * 1e6 == approx(6.6 + 14 * (8 / 5e3 + 0.6), rel=1e-12)
 
 
-def test_pipeline_keeps_tree_and_nvls_at_the_tuners_price():
+def test_pipeline_keeps_tree_and_nvls_gather_scatter_at_the_tuners_price():
     t = sim.NcclTuning(90, 8, 370.8, True)
-    for algo, proto in [("NVLS", "Simple"), ("Tree", "LL128")]:
-        lau = t.launch("all_reduce", 8 * MIB, algo, proto)
-        tuner = next(c for c in t.candidates("all_reduce", 8 * MIB) if (c["algorithm"], c["protocol"]) == (algo, proto))
+    for op, algo, proto in [("all_reduce", "Tree", "LL128"), ("all_gather", "NVLS", "Simple"),
+                            ("reduce_scatter", "NVLS", "Simple")]:
+        lau = t.launch(op, 8 * MIB, algo, proto)
+        tuner = next(c for c in t.candidates(op, 8 * MIB) if (c["algorithm"], c["protocol"]) == (algo, proto))
         assert lau["modeled"] is False and lau["time"] == tuner["time"]
+
+
+# NVLS all_reduce on one node (NCCL v2.21.5 src/device/all_reduce.h, the oneNode branch of the NVLS kernel):
+# 16 channels (src/transport/nvls.cc NCCL_NVLS_NCHANNELS), 640 threads (NCCL_MAX_NTHREADS), the count split in
+# 4,096-byte pieces (NCCL_SIMPLE_ALIGNMENT), chunks from computeCollChunkInfo's NVLS branch: a Simple step of
+# 512 KiB capped at nvlsChunkSize 128 KiB, to 64 KiB below 64 x ops x chunk, 32 KiB below 8 x ops x chunk,
+# 16 KiB below 2 x ops x chunk (ops = channels x 8 heads). A channel's loop is 8 heads x chunk; the scatter,
+# reduce and gather warp groups pass each loop on like a 3-stage pipeline, each stage moving the loop at a
+# channel's share of the tuner's NVLS bandwidth, 266.667 GB/s / 16 = 16.667 GB/s: sum of the loops + 2 x the
+# longest, after NVLS's 25 us.
+H100_NVLS_CHANNEL = H100_BW["NVLS", "Simple"] / 16 * 1e9  # bytes/s
+
+
+def _h100_tuning():
+    return sim.NcclTuning(90, 8, 370.8, True)
+
+
+@pytest.mark.parametrize("size,chunk,loops,last,loop_bytes", [
+    # 2 MiB: 131,072 B a channel (32 x 4,096), 16 channels, ops 128: 2 MiB < 1 GiB -> 64 KiB, < 64 MiB -> 32 KiB,
+    # < 8 MiB -> 16 KiB. A loop of 8 x 16 KiB = 131,072: one loop, 25 + 3 x 7.864 = 48.59 us.
+    (2 * MIB, 16384, 1, 16384, [131072]),
+    # 32 MiB: 2 MiB a channel; 32 MiB < 64 MiB -> 32 KiB, not < 8 MiB: loops of 262,144, 8 of them,
+    # 25 + (8 + 2) x 15.729 = 182.29 us.
+    (32 * MIB, 32768, 8, 32768, [262144] * 8),
+    # 33 MiB: 2,162,688 B a channel = 8 loops + 65,536 B; the last loop's chunk is ceil(65,536 / 8) = 8,192
+    # (two 4,096 pieces) and the stage moves the 65,536 left: 25 + 8 x 15.729 + 3.932 + 2 x 15.729.
+    (33 * MIB, 32768, 9, 8192, [262144] * 8 + [65536]),
+    # 1 GiB: not < 64 x 128 x 128 KiB = 1 GiB, so 128 KiB chunks; 64 MiB a channel = 64 loops of 1 MiB.
+    (GIB, 131072, 64, 131072, [MIB] * 64),
+])
+def test_pipeline_nvls_all_reduce_by_hand(size, chunk, loops, last, loop_bytes):
+    lau = _h100_tuning().launch("all_reduce", size, "NVLS", "Simple")
+    assert (lau["modeled"], lau["channels"], lau["threads"], lau["channel_bytes"]) == (True, 16, 640, size / 16)
+    assert (lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"], lau["sends"]) == (chunk, loops, last, 3)
+    assert lau["channel_bandwidth"] == approx(H100_NVLS_CHANNEL)
+    assert sum(loop_bytes) == size / 16
+    stage = [b / H100_NVLS_CHANNEL for b in loop_bytes]
+    assert lau["time"] == approx(25e-6 + sum(stage) + 2 * max(stage), rel=1e-12)
+
+
+def test_pipeline_nvls_small_call_runs_fewer_channels():
+    # 48 KiB: ceil(49,152 / 16) = 3,072 -> 4,096 a channel, so ceil(49,152 / 4,096) = 12 channels. One loop of
+    # what is there (4,096 < 8 x 16 KiB); its chunk ceil(4,096 / 8) = 512 -> 4,096. 25 + 3 x 4,096 / 16.667 GB/s.
+    lau = _h100_tuning().launch("all_reduce", 48 * KIB, "NVLS", "Simple")
+    assert (lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"]) == \
+        (12, 4096, 16384, 1, 4096)
+    assert lau["time"] * 1e6 == approx(25 + 3 * 4096 / (H100_NVLS_CHANNEL / 1e6), rel=1e-12)  # 25.74 us
+    empty = _h100_tuning().launch("all_reduce", 0, "NVLS", "Simple")
+    assert (empty["loops"], empty["time"]) == (0, approx(25e-6))
 
 
 def test_pipeline_launch_rejects_what_nccl_does_not_offer():

@@ -199,6 +199,68 @@ Seconds chain(int hops, double full, Seconds h, Seconds last, Seconds hop) {
   return arrived;
 }
 
+// NVLS all_reduce on one node, NCCL v2.21.5 (src/device/all_reduce.h, RunWorkElement<ncclFuncAllReduce, T,
+// RedOp, NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>, the args->oneNode branch). Each channel's thread block is split
+// into three warp groups that run at once: scatter (the channel's input to every head's buffer, nvls->up),
+// reduce (directRecvDirectSend over nvls->down: multimem load-reduce of the head's chunk from every rank, and a
+// multimem store of the sum to every rank) and gather (the sums to the output). Each group walks the channel's
+// elements in loops of nHeads x chunk, one NCCL step a loop, so the loops pass through the three groups like a
+// pipeline: the reduce of loop i needs every rank's scatter of loop i, the gather of loop i every head's reduce
+// of it. The source has no speed for one warp group; each is taken to move a loop's bytes at the channel's
+// share of the tuner's NVLS bandwidth (the one figure NCCL has for these kernels). With equal stages the loops
+// take sum(t_i) + (stages - 1) x max(t_i) (a proportionate flow shop).
+constexpr int kNvlsStages = 3;                 // scatter, reduce, gather warp groups (no network on one node)
+constexpr int kNvlsChannels = 16;              // src/transport/nvls.cc: NCCL_PARAM(NvlsChannels, "NVLS_NCHANNELS", 16)
+constexpr double kNvlsChunkSize = 131072;      // src/transport/nvls.cc: NCCL_PARAM(NvlsChunkSize, ..., 128*1024)
+constexpr int kMaxNthreads = 640;              // src/include/device.h NCCL_MAX_NTHREADS (tuning.cc: NVLS's maxThreads)
+
+// enqueue.cc computeCollChunkInfo, NVLS on one node: a Simple step (buffSize / NCCL_STEPS, chunkSteps 1 for
+// non-ring algorithms), capped at nvlsChunkSize, then shrunk for small calls against the concurrent ops
+// (channels x heads): below 64 x ops x chunk to 64 KiB, below 8 x ops x chunk to 32 KiB, below 2 x ops x chunk
+// to 16 KiB, each test on the chunk the previous one left.
+double nvls_chunk_bytes(double bytes, int channels, int heads) {
+  double chunk = std::min(kBuffSize[static_cast<int>(NcclProtocol::kSimple)] / kNcclSteps, kNvlsChunkSize);
+  const double ops = static_cast<double>(channels) * heads;
+  if (bytes < 64 * ops * chunk && chunk > 65536) chunk = 65536;
+  if (bytes < 8 * ops * chunk && chunk > 32768) chunk = 32768;
+  if (bytes < 2 * ops * chunk && chunk > 16384) chunk = 16384;
+  return chunk;
+}
+
+// The pipeline model of an NVLS all_reduce on one node of `ranks` GPUs (every GPU the head of one channel
+// graph: nHeads = ranks), priced from the tuner's NVLS latency (us) and algorithm bandwidth (GB/s).
+// enqueue.cc: getChannnelThreadInfo launches comm->nvlsChannels and NVLS's maxThreads; addTunedCollToPlan
+// splits the count over them in NCCL_SIMPLE_ALIGNMENT pieces; computeCollLastChunkInfo gives the last loop's
+// chunk. Every launched channel moves its bytes at 1 / nvlsChannels of the call's bandwidth.
+NcclLaunch nvls_all_reduce(double bytes, int ranks, double latency_us, double bandwidth_gb_per_s, NcclLaunch l) {
+  l.modeled = true;
+  const int heads = ranks;
+  const double align = align_bytes(NcclProtocol::kSimple, kMaxNthreads);
+  const double per_channel = bytes > 0 ? div_up(div_up(bytes, kNvlsChannels), align) * align : 0;
+  l.channels = bytes > 0 ? static_cast<int>(div_up(bytes, per_channel)) : kNvlsChannels;
+  l.threads = kMaxNthreads;
+  l.channel_bytes = std::min(per_channel, bytes);
+  l.chunk_bytes = nvls_chunk_bytes(bytes, l.channels, heads);
+  l.sends = kNvlsStages;  // NVLS: the pipeline's stages, not ring sends
+  l.slices = 1;           // ProtoSimple<1, 1>: one slice of one step a chunk
+  l.channel_bandwidth = bandwidth_gb_per_s * 1e9 / kNvlsChannels;
+  l.hop_latency = 0;
+  l.base_latency = latency_us * 1e-6;
+  const double W = l.channel_bytes;
+  const double loop_bytes = heads * l.chunk_bytes;  // all_reduce.h: loopCount = nvls->nHeads * chunkSize
+  const double full = std::floor(W / loop_bytes);
+  const double rest = W - full * loop_bytes;
+  l.loops = static_cast<long long>(full) + (rest > 0 ? 1 : 0);
+  l.last_chunk_bytes = rest > 0 ? div_up(div_up(rest, heads), align) * align : (full > 0 ? l.chunk_bytes : 0);
+  // A loop's stage moves the loop's elements (the last loop: what is left, nelem = min(loopCount, rest)).
+  const Seconds t_full = loop_bytes / l.channel_bandwidth;
+  const Seconds t_rest = rest / l.channel_bandwidth;
+  const Seconds longest = full > 0 ? t_full : t_rest;
+  const Seconds loops = full * t_full + t_rest + (l.loops > 0 ? (kNvlsStages - 1) * longest : 0);
+  l.time = l.base_latency + loops;
+  return l;
+}
+
 int log2_floor(double bytes) {
   long long n = static_cast<long long>(bytes);
   int l = 0;
@@ -361,8 +423,12 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
                                 " for " + collective_op_name(op) + " here");
   }
   l.collective_channels = collective_channels();
+  if (a == NcclAlgorithm::kNvls && op == CollectiveOp::kAllReduce) {
+    const int ai = static_cast<int>(a), pi = static_cast<int>(p);
+    return nvls_all_reduce(bytes, input_.ranks, latency_[c][ai][pi], bandwidth_[c][ai][pi], l);
+  }
   if (a != NcclAlgorithm::kRing) {
-    // Tree and NVLS keep the tuner's price (see nccl_tuning.h).
+    // Tree, and NVLS all_gather / reduce_scatter, keep the tuner's price (see nccl_tuning.h).
     for (const auto& choice : candidates(op, bytes)) {
       if (choice.algorithm == a && choice.protocol == p) l.time = choice.time;
     }
@@ -454,7 +520,8 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
 }
 
 Seconds NcclTuning::time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const {
-  if (model == NcclTimeModel::kTuner || choice.algorithm != NcclAlgorithm::kRing) return choice.time;
+  if (model == NcclTimeModel::kTuner || choice.algorithm == NcclAlgorithm::kTree) return choice.time;
+  if (choice.algorithm == NcclAlgorithm::kNvls && op != CollectiveOp::kAllReduce) return choice.time;
   return launch(op, bytes, choice.algorithm, choice.protocol).time;
 }
 
