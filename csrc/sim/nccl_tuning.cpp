@@ -182,6 +182,34 @@ Seconds ring_loop(int sends, const std::vector<double>& slices, double bandwidth
   return sends > 0 ? prev.back() + hop : 0;
 }
 
+// LL and LL128 move data in lines that carry their own flags (src/device/prims_ll.h: readLL spins on each
+// 16-byte line's two flags; prims_ll128.h: each warp on its 128-byte lines' flag words): a receiving thread
+// takes a line as soon as it lands and stores it on at once, so a rank passes on the previous rank's data a
+// hop behind it, line by line, not a whole chunk later as with Simple's slices. A rank's steps still run one
+// after another: each step ends in a block barrier (postRecv's and waitSend's barrier()). With every rank on
+// the same schedule and a step's lines leaving at the channel's rate, step j's first line leaves at
+// p_j = max(end_{j-1}, p_{j-1} + hop) (the rank is done with step j - 1, and the previous rank's first line of
+// step j - 1 has landed), and the step ends at p_j + h for a chunk time h. So each send adds max(h, hop):
+// the loop takes (sends - 1) max(h, hop) + h, and ends when the last send's last line has landed, a hop later.
+Seconds ring_loop_lines(int sends, double bytes, double bandwidth, Seconds hop) {
+  if (sends <= 0) return 0;
+  const Seconds h = bytes / bandwidth;
+  Seconds first = 0, end = h;
+  for (int j = 1; j < sends; ++j) {
+    first = std::max(end, first + hop);
+    end = first + h;
+  }
+  return end + hop;
+}
+
+// The chain below with LL / LL128's lines: rank m starts chunk i once it has ended chunk i - 1 and chunk i's
+// first line has come from rank m - 1, a hop after rank m - 1 started it. Every path through (rank, chunk) has
+// i chunk times and m hops, so rank m starts chunk i at i h + m x hop, and the last rank's last line lands at
+// (full) h + last + hops x hop.
+Seconds chain_lines(int hops, double full, Seconds h, Seconds last, Seconds hop) {
+  return hops <= 0 ? 0 : full * h + last + hops * hop;
+}
+
 // A chain of `hops` (broadcast.h / reduce.h runRing: the root's chunks pass rank to rank): chunk i leaves rank
 // m once rank m has sent chunk i - 1 and chunk i has arrived from rank m - 1 (a hop after it left there); the
 // call ends when the last chunk reaches the chain's end. With `full` chunks of h seconds every path through
@@ -484,6 +512,8 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
   const double step_bytes = kBuffSize[pi] / kNcclSteps;
   const double W = l.channel_bytes;
 
+  // LL and LL128 pass data on line by line, Simple slice by slice (ring_loop_lines above).
+  const bool lines = p != NcclProtocol::kSimple;
   Seconds t = 0;
   if (chained) {
     // One chunk per loop down a chain of n - 1 hops.
@@ -491,8 +521,8 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
     l.loops = W > 0 ? static_cast<long long>(div_up(W, l.chunk_bytes)) : 0;
     l.last_chunk_bytes = l.loops > 0 ? W - (l.loops - 1) * l.chunk_bytes : 0;
     if (l.loops > 0) {
-      t = chain(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth,
-                l.last_chunk_bytes / l.channel_bandwidth, l.hop_latency);
+      t = (lines ? chain_lines : chain)(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth,
+                                        l.last_chunk_bytes / l.channel_bandwidth, l.hop_latency);
     }
   } else {
     // all_reduce: a loop covers nRanks chunks (one per rank, 2(n-1) sends); the last loop's chunk is the rest
@@ -506,14 +536,13 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
     l.loops = static_cast<long long>(full) + (rest > 0 ? 1 : 0);
     l.last_chunk_bytes = rest > 0 ? (all_reduce ? std::min(div_up(div_up(rest, n), align) * align, rest) : rest)
                                   : (full > 0 ? l.chunk_bytes : 0);
-    if (full > 0) {
-      t += full * ring_loop(l.sends, slice_bytes(l.chunk_bytes, l.slices, step_bytes, slice_steps),
-                            l.channel_bandwidth, l.hop_latency);
-    }
-    if (rest > 0) {
-      t += ring_loop(l.sends, slice_bytes(l.last_chunk_bytes, l.slices, step_bytes, slice_steps),
-                     l.channel_bandwidth, l.hop_latency);
-    }
+    const auto loop = [&](double chunk) {
+      return lines ? ring_loop_lines(l.sends, chunk, l.channel_bandwidth, l.hop_latency)
+                   : ring_loop(l.sends, slice_bytes(chunk, l.slices, step_bytes, slice_steps), l.channel_bandwidth,
+                               l.hop_latency);
+    };
+    if (full > 0) t += full * loop(l.chunk_bytes);
+    if (rest > 0) t += loop(l.last_chunk_bytes);
   }
   l.time = l.base_latency + t;
   return l;
