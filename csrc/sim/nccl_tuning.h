@@ -30,9 +30,9 @@
 // launched, the bytes of the busiest channel, the protocol's chunk, the
 // kernel's loops over the channel's bytes, and per loop the ring's sends
 // (2(n-1) for all_reduce, n-1 for all_gather / reduce_scatter, a chain of n-1
-// hops for broadcast / reduce), each send's slices taking bytes / channel
-// bandwidth and reaching the next rank a hop latency later; NVLS all_reduce as
-// a 3-stage pipeline of loops (launch()). Tree keeps the tuner's time.
+// hops for broadcast / reduce), Simple's slices (LL / LL128: lines) taking
+// bytes / channel bandwidth and reaching the next rank a hop later; NVLS
+// all_reduce as a 3-stage pipeline of loops. Tree keeps the tuner's time.
 
 #include <array>
 #include <string>
