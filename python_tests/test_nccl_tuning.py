@@ -407,13 +407,11 @@ def test_pipeline_small_calls_launch_fewer_channels_and_threads():
     assert tiny["time"] * 1e6 == approx(6.6 + 13 * 0.6 + 8 / 5e3 + 0.6, rel=1e-12)
 
 
-def test_pipeline_keeps_tree_and_nvls_gather_scatter_at_the_tuners_price():
+def test_pipeline_keeps_tree_at_the_tuners_price():
     t = sim.NcclTuning(90, 8, 370.8, True)
-    for op, algo, proto in [("all_reduce", "Tree", "LL128"), ("all_gather", "NVLS", "Simple"),
-                            ("reduce_scatter", "NVLS", "Simple")]:
-        lau = t.launch(op, 8 * MIB, algo, proto)
-        tuner = next(c for c in t.candidates(op, 8 * MIB) if (c["algorithm"], c["protocol"]) == (algo, proto))
-        assert lau["modeled"] is False and lau["time"] == tuner["time"]
+    lau = t.launch("all_reduce", 8 * MIB, "Tree", "LL128")
+    tuner = next(c for c in t.candidates("all_reduce", 8 * MIB) if (c["algorithm"], c["protocol"]) == ("Tree", "LL128"))
+    assert lau["modeled"] is False and lau["time"] == tuner["time"]
 
 
 # NVLS all_reduce on one node (NCCL v2.21.5 src/device/all_reduce.h, the oneNode branch of the NVLS kernel):
@@ -452,6 +450,24 @@ def test_pipeline_nvls_all_reduce_by_hand(size, chunk, loops, last, loop_bytes):
     assert sum(loop_bytes) == size / 16
     stage = [b / H100_NVLS_CHANNEL for b in loop_bytes]
     assert lau["time"] == approx(25e-6 + sum(stage) + 2 * max(stage), rel=1e-12)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_pipeline_nvls_all_gather_and_reduce_scatter_by_hand(op):
+    # all_gather.h / reduce_scatter.h (not registered): two warp groups (broadcast through NVLS and gather;
+    # scatter and NVLS reduce), each stepping through the rank's piece one chunk a loop. The chunk comes from the
+    # call's nBytes (info.h: all_gather / reduce_scatter nBytes = the per-rank count x nRanks), so 32 MiB gets
+    # all_reduce's 32 KiB. The piece, 4 MiB, over 16 channels: 262,144 B a channel = 8 loops. A loop's stage
+    # moves 8 heads x 32 KiB of the call's bytes: h = 262,144 / 16.667 GB/s = 15.729 us; 25 + 8 h + 1 x h.
+    lau = _h100_tuning().launch(op, 32 * MIB, "NVLS", "Simple")
+    assert (lau["modeled"], lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"],
+            lau["last_chunk_bytes"], lau["sends"]) == (True, 16, 262144, 32768, 8, 32768, 2)
+    h = 8 * 32768 / H100_NVLS_CHANNEL
+    assert lau["time"] == approx(25e-6 + 9 * h, rel=1e-12)  # 166.56 us
+    # 33 MiB: 270,336 B a channel = 8 chunks + 8,192 B; the last loop moves 8 x 8,192 of the call's bytes.
+    more = _h100_tuning().launch(op, 33 * MIB, "NVLS", "Simple")
+    assert (more["channel_bytes"], more["loops"], more["last_chunk_bytes"]) == (270336, 9, 8192)
+    assert more["time"] == approx(25e-6 + 9 * h + 8 * 8192 / H100_NVLS_CHANNEL, rel=1e-12)
 
 
 def test_pipeline_nvls_small_call_runs_fewer_channels():

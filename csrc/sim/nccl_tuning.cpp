@@ -237,7 +237,7 @@ Seconds chain(int hops, double full, Seconds h, Seconds last, Seconds hop) {
 // of it. The source has no speed for one warp group; each is taken to move a loop's bytes at the channel's
 // share of the tuner's NVLS bandwidth (the one figure NCCL has for these kernels). With equal stages the loops
 // take sum(t_i) + (stages - 1) x max(t_i) (a proportionate flow shop).
-constexpr int kNvlsStages = 3;                 // scatter, reduce, gather warp groups (no network on one node)
+constexpr int kNvlsStages = 3;                 // all_reduce: scatter, reduce, gather warp groups (one node)
 constexpr int kNvlsChannels = 16;              // src/transport/nvls.cc: NCCL_PARAM(NvlsChannels, "NVLS_NCHANNELS", 16)
 constexpr double kNvlsChunkSize = 131072;      // src/transport/nvls.cc: NCCL_PARAM(NvlsChunkSize, ..., 128*1024)
 constexpr int kMaxNthreads = 640;              // src/include/device.h NCCL_MAX_NTHREADS (tuning.cc: NVLS's maxThreads)
@@ -255,36 +255,52 @@ double nvls_chunk_bytes(double bytes, int channels, int heads) {
   return chunk;
 }
 
-// The pipeline model of an NVLS all_reduce on one node of `ranks` GPUs (every GPU the head of one channel
-// graph: nHeads = ranks), priced from the tuner's NVLS latency (us) and algorithm bandwidth (GB/s).
+// The pipeline model of an NVLS call on one node of `ranks` GPUs (every GPU the head of one channel graph:
+// nHeads = ranks), priced from the tuner's NVLS latency (us) and algorithm bandwidth (GB/s).
 // enqueue.cc: getChannnelThreadInfo launches comm->nvlsChannels and NVLS's maxThreads; addTunedCollToPlan
-// splits the count over them in NCCL_SIMPLE_ALIGNMENT pieces; computeCollLastChunkInfo gives the last loop's
-// chunk. Every launched channel moves its bytes at 1 / nvlsChannels of the call's bandwidth.
-NcclLaunch nvls_all_reduce(double bytes, int ranks, double latency_us, double bandwidth_gb_per_s, NcclLaunch l) {
+// splits the count over them in NCCL_SIMPLE_ALIGNMENT pieces (all_gather / reduce_scatter: the count is each
+// rank's piece, src/include/info.h ncclInfoSetDerived) and passes computeCollChunkInfo the call's nBytes (the
+// gathered or scattered total); computeCollLastChunkInfo gives all_reduce's last chunk. Every launched channel
+// moves its bytes at 1 / nvlsChannels of the call's bandwidth.
+//   all_reduce (all_reduce.h): loops of nHeads x chunk through scatter, reduce and gather warp groups (above).
+//   all_gather (all_gather.h, not registered): loops of one chunk of the rank's piece through two warp groups,
+//     a broadcast of the chunk through NVLS (nvls->down) and a gather of every head's chunk (nvls->up).
+//   reduce_scatter (reduce_scatter.h): loops of one chunk of the piece through a scatter of every head's chunk
+//     (nvls->up) and a multimem reduce of this rank's (nvls->down).
+// A loop's stage moves the loop's share of the call's bytes: all_reduce the loop's elements, all_gather and
+// reduce_scatter nHeads chunks (the gathered / scattered bytes the tuner's bandwidth is of).
+NcclLaunch nvls_launch(CollectiveOp op, double bytes, int ranks, double latency_us, double bandwidth_gb_per_s,
+                       NcclLaunch l) {
   l.modeled = true;
   const int heads = ranks;
+  const bool all_reduce = op == CollectiveOp::kAllReduce;
+  const int stages = all_reduce ? kNvlsStages : kNvlsStages - 1;
+  const double work = all_reduce ? bytes : bytes / ranks;
   const double align = align_bytes(NcclProtocol::kSimple, kMaxNthreads);
-  const double per_channel = bytes > 0 ? div_up(div_up(bytes, kNvlsChannels), align) * align : 0;
-  l.channels = bytes > 0 ? static_cast<int>(div_up(bytes, per_channel)) : kNvlsChannels;
+  const double per_channel = work > 0 ? div_up(div_up(work, kNvlsChannels), align) * align : 0;
+  l.channels = work > 0 ? static_cast<int>(div_up(work, per_channel)) : kNvlsChannels;
   l.threads = kMaxNthreads;
-  l.channel_bytes = std::min(per_channel, bytes);
+  l.channel_bytes = std::min(per_channel, work);
   l.chunk_bytes = nvls_chunk_bytes(bytes, l.channels, heads);
-  l.sends = kNvlsStages;  // NVLS: the pipeline's stages, not ring sends
-  l.slices = 1;           // ProtoSimple<1, 1>: one slice of one step a chunk
+  l.sends = stages;  // NVLS: the pipeline's stages (warp groups), not ring sends
+  l.slices = 1;      // ProtoSimple<1, 1>: one slice of one step a chunk
   l.channel_bandwidth = bandwidth_gb_per_s * 1e9 / kNvlsChannels;
   l.hop_latency = 0;
   l.base_latency = latency_us * 1e-6;
   const double W = l.channel_bytes;
-  const double loop_bytes = heads * l.chunk_bytes;  // all_reduce.h: loopCount = nvls->nHeads * chunkSize
+  // all_reduce.h: loopCount = nvls->nHeads * chunkSize; all_gather.h / reduce_scatter.h step by chunkCount.
+  const double loop_bytes = all_reduce ? heads * l.chunk_bytes : l.chunk_bytes;
+  const double moved = all_reduce ? 1.0 : heads;  // bytes of the call per byte of the channel's elements
   const double full = std::floor(W / loop_bytes);
   const double rest = W - full * loop_bytes;
   l.loops = static_cast<long long>(full) + (rest > 0 ? 1 : 0);
-  l.last_chunk_bytes = rest > 0 ? div_up(div_up(rest, heads), align) * align : (full > 0 ? l.chunk_bytes : 0);
-  // A loop's stage moves the loop's elements (the last loop: what is left, nelem = min(loopCount, rest)).
-  const Seconds t_full = loop_bytes / l.channel_bandwidth;
-  const Seconds t_rest = rest / l.channel_bandwidth;
+  l.last_chunk_bytes = rest > 0 ? (all_reduce ? div_up(div_up(rest, heads), align) * align : rest)
+                                : (full > 0 ? l.chunk_bytes : 0);
+  // The last loop moves what is left (nelem = min(loopCount or chunkCount, what is left)).
+  const Seconds t_full = moved * loop_bytes / l.channel_bandwidth;
+  const Seconds t_rest = moved * rest / l.channel_bandwidth;
   const Seconds longest = full > 0 ? t_full : t_rest;
-  const Seconds loops = full * t_full + t_rest + (l.loops > 0 ? (kNvlsStages - 1) * longest : 0);
+  const Seconds loops = full * t_full + t_rest + (l.loops > 0 ? (stages - 1) * longest : 0);
   l.time = l.base_latency + loops;
   return l;
 }
@@ -451,12 +467,12 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
                                 " for " + collective_op_name(op) + " here");
   }
   l.collective_channels = collective_channels();
-  if (a == NcclAlgorithm::kNvls && op == CollectiveOp::kAllReduce) {
+  if (a == NcclAlgorithm::kNvls) {
     const int ai = static_cast<int>(a), pi = static_cast<int>(p);
-    return nvls_all_reduce(bytes, input_.ranks, latency_[c][ai][pi], bandwidth_[c][ai][pi], l);
+    return nvls_launch(op, bytes, input_.ranks, latency_[c][ai][pi], bandwidth_[c][ai][pi], l);
   }
   if (a != NcclAlgorithm::kRing) {
-    // Tree, and NVLS all_gather / reduce_scatter, keep the tuner's price (see nccl_tuning.h).
+    // Tree keeps the tuner's price (see nccl_tuning.h).
     for (const auto& choice : candidates(op, bytes)) {
       if (choice.algorithm == a && choice.protocol == p) l.time = choice.time;
     }
@@ -550,7 +566,6 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
 
 Seconds NcclTuning::time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const {
   if (model == NcclTimeModel::kTuner || choice.algorithm == NcclAlgorithm::kTree) return choice.time;
-  if (choice.algorithm == NcclAlgorithm::kNvls && op != CollectiveOp::kAllReduce) return choice.time;
   return launch(op, bytes, choice.algorithm, choice.protocol).time;
 }
 

@@ -32,7 +32,7 @@
 // (2(n-1) for all_reduce, n-1 for all_gather / reduce_scatter, a chain of n-1
 // hops for broadcast / reduce), Simple's slices (LL / LL128: lines) taking
 // bytes / channel bandwidth and reaching the next rank a hop later; NVLS
-// all_reduce as a 3-stage pipeline of loops. Tree keeps the tuner's time.
+// as a pipeline of loops through warp groups. Tree keeps the tuner's time.
 
 #include <array>
 #include <string>
@@ -80,7 +80,7 @@ struct NcclChoice {
 // How NCCL v2.21.5 runs one call of a ring (algorithm, protocol), and the
 // time that takes on the busiest channel (the channels run in parallel).
 struct NcclLaunch {
-  bool modeled = false;        // false: Tree, NVLS all_gather / reduce_scatter: the tuner's time
+  bool modeled = false;        // false: Tree, timed by the tuner in both models
   int collective_channels = 0; // the communicator's (ncclTopoPostset: 2 x min(ring, tree) search channels, <= 32)
   int channels = 0;            // launched (enqueue.cc getChannnelThreadInfo, then addTunedCollToPlan)
   int threads = 0;             // per channel
@@ -117,8 +117,8 @@ class NcclTuning {
   // The fastest pair; `only` restricts it to one algorithm (nullptr: all).
   // Throws std::invalid_argument if no pair is offered.
   NcclChoice choose(CollectiveOp op, double bytes, const NcclAlgorithm* only = nullptr) const;
-  // The pipeline model of one call (see above); Tree and NVLS all_gather /
-  // reduce_scatter come back with modeled = false and the tuner's time.
+  // The pipeline model of one call (see above); Tree comes back with
+  // modeled = false and the tuner's time.
   NcclLaunch launch(CollectiveOp op, double bytes, NcclAlgorithm a, NcclProtocol p) const;
   // The chosen pair's time under `model`.
   Seconds time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const;
