@@ -8,8 +8,8 @@ Three models side by side: "before" is the topology model (collectives.nccl_tune
 off: the sim's algorithms on the preset's links, no protocols); "tuner" is
 NCCL's own tuning model (the presets' default, collectives.nccl_tuner.time_model
 = "tuner"); "pipeline" keeps the tuner's choice and times it by NCCL's ring
-kernels' chunks, loops and steps (time_model = "pipeline"; Tree and NVLS keep
-the tuner's time). Errors are modeled / published - 1 on time; the geomeans are
+kernels' chunks, loops and steps, and NVLS by its kernels' loops through
+their warp groups (time_model = "pipeline"; Tree keeps the tuner's time). Errors are modeled / published - 1 on time; the geomeans are
 of modeled / published and of max(r, 1/r).
 """
 

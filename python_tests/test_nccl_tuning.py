@@ -296,13 +296,15 @@ def test_pipeline_one_mib_all_reduce_ring_ll_on_8_ranks_by_hand():
     # Split: ceil(1,048,576 / 24) = 43,691 rounded up to LL's alignment 8 B x 512 = 4,096 -> 45,056
     # (11 x 4,096); 1 MiB / 45,056 -> 24 channels. A loop covers 8 ranks x 32 KiB = 256 KiB > 45,056:
     # one loop, whose chunk is ceil(45,056 / 8) = 5,632 rounded up to 4,096 -> 8,192 B.
-    # 14 sends of 8,192 B, each 8,192 / (87.7e9 / 24) s plus a 0.6 us hop.
+    # 14 sends of 8,192 B, each h = 8,192 / (87.7e9 / 24) s = 2.2418 us. LL passes data on line by line
+    # (prims_ll.h), so a send follows the previous one max(h, 0.6 us hop) later: 13 x h + h, and the last line
+    # lands a hop after it left.
     assert (lau["modeled"], lau["channels"], lau["threads"], lau["channel_bytes"]) == (True, 24, 512, 45056)
     assert (lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"], lau["sends"], lau["slices"]) == \
         (32768, 1, 8192, 14, 1)
     assert lau["channel_bandwidth"] == approx(87.7e9 / 24)
-    step_us = 8192 / (87.7e3 / 24) + 0.6  # 2.2418 + 0.6
-    assert lau["time"] * 1e6 == approx(6.6 + 14 * step_us, rel=1e-12)  # 46.39 us
+    h = 8192 / (87.7e3 / 24)
+    assert lau["time"] * 1e6 == approx(6.6 + 14 * h + 0.6, rel=1e-12)  # 38.59 us
     # The tuner's own price of the same pair: 15.0 + 1 MiB / 50.114 GB/s = 35.92 us.
     assert t.choose("all_reduce", MIB)[:2] == ("Ring", "LL")
     assert t.choose("all_reduce", MIB)[2] * 1e6 == approx(us(15.0, MIB, A100_BW[("Ring", "LL")]))
@@ -363,6 +365,29 @@ def test_pipeline_broadcast_is_a_chain_of_chunks():
     assert huge["loops"] == approx(1e15 / 24 / (512 * KIB), rel=1e-6)
 
 
+def test_pipeline_ll128_passes_lines_on():
+    # 4 MiB ring LL128 on A100: 20 warps, so pieces of 480 x 20 = 9,600 B: ceil(4 MiB / 24) = 174,763 -> 182,400
+    # (19 x 9,600), ceil(4,194,304 / 182,400) = 23 channels. One loop (8 x 576,000 > 182,400): chunk
+    # ceil(182,400 / 8) = 22,800 -> 28,800. Bandwidth for 23 of 24 channels: min(240 x 23/24 x 0.92, 12 x 23/24 x
+    # 20) = 211.6 GB/s over 23 = 9.2 GB/s. h = 28,800 / 9.2e3 = 3.1304 us > the 1.9 us hop: 14.0 + 14 h + 1.9.
+    lau = _a100_tuning().launch("all_reduce", 4 * MIB, "Ring", "LL128")
+    assert (lau["channels"], lau["threads"], lau["channel_bytes"], lau["loops"], lau["last_chunk_bytes"]) == \
+        (23, 640, 182400, 1, 28800)
+    assert lau["channel_bandwidth"] == approx(9.2e9)
+    assert lau["time"] * 1e6 == approx(14.0 + 14 * 28800 / 9.2e3 + 1.9, rel=1e-12)  # 59.73 us
+
+
+def test_pipeline_ll_broadcast_chain_passes_lines_on():
+    # 1 MiB broadcast ring LL on A100: 24 channels of 45,056 B, chunks of one LL step, 32,768 B: a full one and
+    # 12,288 B. Line by line, rank m starts chunk i at i h + m x 0.6 us, so the last line lands at
+    # h + h' + 7 hops. h = 32,768 / (87.7e9 / 24) s = 8.967 us, h' = 3.363 us.
+    lau = _a100_tuning().launch("broadcast", MIB, "Ring", "LL")
+    assert (lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"],
+            lau["sends"]) == (24, 45056, 32768, 2, 12288, 7)
+    bw = 87.7e3 / 24
+    assert lau["time"] * 1e6 == approx(6.6 + 32768 / bw + 12288 / bw + 7 * 0.6, rel=1e-12)  # 23.13 us
+
+
 def test_pipeline_small_calls_launch_fewer_channels_and_threads():
     # 64 KiB ring LL: 65,536 < c x 512 x 64 down to c = 2; threads stay 512 (65,536 = 2 x 512 x 64).
     # Split 32,768 per channel (aligned to 4,096); chunk ceil(32,768 / 8) = 4,096.
@@ -371,21 +396,89 @@ def test_pipeline_small_calls_launch_fewer_channels_and_threads():
     # Bandwidth: the tuner's ring LL formula for 2 of the 24 channels: 240 GB/s x 2/24 = 20, LL min(87.7, 20 x
     # 0.5) = 10 GB/s, 5 GB/s a channel (llMaxBw caps all the channels together, and 2 do not reach it).
     assert lau["channel_bandwidth"] == approx(5e9)
-    assert lau["time"] * 1e6 == approx(6.6 + 14 * (4096 / 5e3 + 0.6), rel=1e-12)
+    assert lau["time"] * 1e6 == approx(6.6 + 14 * (4096 / 5e3) + 0.6, rel=1e-12)  # h = 0.8192 us > the hop
     # 8 B: one channel; threads 512 -> 256 -> 128 -> 64 (8 < 1 x 64 x 64), then the 3-warp floor: 96.
     # The step moves what is there: 8 B.
     tiny = _a100_tuning().launch("all_reduce", 8, "Ring", "LL")
     assert (tiny["channels"], tiny["threads"], tiny["channel_bytes"], tiny["last_chunk_bytes"]) == (1, 96, 8, 8)
     assert tiny["channel_bandwidth"] == approx(5e9)  # min(87.7, 240 / 24 x 0.5)
-    assert tiny["time"] * 1e6 == approx(6.6 + 14 * (8 / 5e3 + 0.6), rel=1e-12)
+    # h = 0.0016 us < the 0.6 us hop: each send waits on the previous rank's first line, 13 hops, then the
+    # last send's h and the hop its last line takes: the tuner's 14 hops plus one h.
+    assert tiny["time"] * 1e6 == approx(6.6 + 13 * 0.6 + 8 / 5e3 + 0.6, rel=1e-12)
 
 
-def test_pipeline_keeps_tree_and_nvls_at_the_tuners_price():
+def test_pipeline_keeps_tree_at_the_tuners_price():
     t = sim.NcclTuning(90, 8, 370.8, True)
-    for algo, proto in [("NVLS", "Simple"), ("Tree", "LL128")]:
-        lau = t.launch("all_reduce", 8 * MIB, algo, proto)
-        tuner = next(c for c in t.candidates("all_reduce", 8 * MIB) if (c["algorithm"], c["protocol"]) == (algo, proto))
-        assert lau["modeled"] is False and lau["time"] == tuner["time"]
+    lau = t.launch("all_reduce", 8 * MIB, "Tree", "LL128")
+    tuner = next(c for c in t.candidates("all_reduce", 8 * MIB) if (c["algorithm"], c["protocol"]) == ("Tree", "LL128"))
+    assert lau["modeled"] is False and lau["time"] == tuner["time"]
+
+
+# NVLS all_reduce on one node (NCCL v2.21.5 src/device/all_reduce.h, the oneNode branch of the NVLS kernel):
+# 16 channels (src/transport/nvls.cc NCCL_NVLS_NCHANNELS), 640 threads (NCCL_MAX_NTHREADS), the count split in
+# 4,096-byte pieces (NCCL_SIMPLE_ALIGNMENT), chunks from computeCollChunkInfo's NVLS branch: a Simple step of
+# 512 KiB capped at nvlsChunkSize 128 KiB, to 64 KiB below 64 x ops x chunk, 32 KiB below 8 x ops x chunk,
+# 16 KiB below 2 x ops x chunk (ops = channels x 8 heads). A channel's loop is 8 heads x chunk; the scatter,
+# reduce and gather warp groups pass each loop on like a 3-stage pipeline, each stage moving the loop at a
+# channel's share of the tuner's NVLS bandwidth, 266.667 GB/s / 16 = 16.667 GB/s: sum of the loops + 2 x the
+# longest, after NVLS's 25 us.
+H100_NVLS_CHANNEL = H100_BW["NVLS", "Simple"] / 16 * 1e9  # bytes/s
+
+
+def _h100_tuning():
+    return sim.NcclTuning(90, 8, 370.8, True)
+
+
+@pytest.mark.parametrize("size,chunk,loops,last,loop_bytes", [
+    # 2 MiB: 131,072 B a channel (32 x 4,096), 16 channels, ops 128: 2 MiB < 1 GiB -> 64 KiB, < 64 MiB -> 32 KiB,
+    # < 8 MiB -> 16 KiB. A loop of 8 x 16 KiB = 131,072: one loop, 25 + 3 x 7.864 = 48.59 us.
+    (2 * MIB, 16384, 1, 16384, [131072]),
+    # 32 MiB: 2 MiB a channel; 32 MiB < 64 MiB -> 32 KiB, not < 8 MiB: loops of 262,144, 8 of them,
+    # 25 + (8 + 2) x 15.729 = 182.29 us.
+    (32 * MIB, 32768, 8, 32768, [262144] * 8),
+    # 33 MiB: 2,162,688 B a channel = 8 loops + 65,536 B; the last loop's chunk is ceil(65,536 / 8) = 8,192
+    # (two 4,096 pieces) and the stage moves the 65,536 left: 25 + 8 x 15.729 + 3.932 + 2 x 15.729.
+    (33 * MIB, 32768, 9, 8192, [262144] * 8 + [65536]),
+    # 1 GiB: not < 64 x 128 x 128 KiB = 1 GiB, so 128 KiB chunks; 64 MiB a channel = 64 loops of 1 MiB.
+    (GIB, 131072, 64, 131072, [MIB] * 64),
+])
+def test_pipeline_nvls_all_reduce_by_hand(size, chunk, loops, last, loop_bytes):
+    lau = _h100_tuning().launch("all_reduce", size, "NVLS", "Simple")
+    assert (lau["modeled"], lau["channels"], lau["threads"], lau["channel_bytes"]) == (True, 16, 640, size / 16)
+    assert (lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"], lau["sends"]) == (chunk, loops, last, 3)
+    assert lau["channel_bandwidth"] == approx(H100_NVLS_CHANNEL)
+    assert sum(loop_bytes) == size / 16
+    stage = [b / H100_NVLS_CHANNEL for b in loop_bytes]
+    assert lau["time"] == approx(25e-6 + sum(stage) + 2 * max(stage), rel=1e-12)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_pipeline_nvls_all_gather_and_reduce_scatter_by_hand(op):
+    # all_gather.h / reduce_scatter.h (not registered): two warp groups (broadcast through NVLS and gather;
+    # scatter and NVLS reduce), each stepping through the rank's piece one chunk a loop. The chunk comes from the
+    # call's nBytes (info.h: all_gather / reduce_scatter nBytes = the per-rank count x nRanks), so 32 MiB gets
+    # all_reduce's 32 KiB. The piece, 4 MiB, over 16 channels: 262,144 B a channel = 8 loops. A loop's stage
+    # moves 8 heads x 32 KiB of the call's bytes: h = 262,144 / 16.667 GB/s = 15.729 us; 25 + 8 h + 1 x h.
+    lau = _h100_tuning().launch(op, 32 * MIB, "NVLS", "Simple")
+    assert (lau["modeled"], lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"],
+            lau["last_chunk_bytes"], lau["sends"]) == (True, 16, 262144, 32768, 8, 32768, 2)
+    h = 8 * 32768 / H100_NVLS_CHANNEL
+    assert lau["time"] == approx(25e-6 + 9 * h, rel=1e-12)  # 166.56 us
+    # 33 MiB: 270,336 B a channel = 8 chunks + 8,192 B; the last loop moves 8 x 8,192 of the call's bytes.
+    more = _h100_tuning().launch(op, 33 * MIB, "NVLS", "Simple")
+    assert (more["channel_bytes"], more["loops"], more["last_chunk_bytes"]) == (270336, 9, 8192)
+    assert more["time"] == approx(25e-6 + 9 * h + 8 * 8192 / H100_NVLS_CHANNEL, rel=1e-12)
+
+
+def test_pipeline_nvls_small_call_runs_fewer_channels():
+    # 48 KiB: ceil(49,152 / 16) = 3,072 -> 4,096 a channel, so ceil(49,152 / 4,096) = 12 channels. One loop of
+    # what is there (4,096 < 8 x 16 KiB); its chunk ceil(4,096 / 8) = 512 -> 4,096. 25 + 3 x 4,096 / 16.667 GB/s.
+    lau = _h100_tuning().launch("all_reduce", 48 * KIB, "NVLS", "Simple")
+    assert (lau["channels"], lau["channel_bytes"], lau["chunk_bytes"], lau["loops"], lau["last_chunk_bytes"]) == \
+        (12, 4096, 16384, 1, 4096)
+    assert lau["time"] * 1e6 == approx(25 + 3 * 4096 / (H100_NVLS_CHANNEL / 1e6), rel=1e-12)  # 25.74 us
+    empty = _h100_tuning().launch("all_reduce", 0, "NVLS", "Simple")
+    assert (empty["loops"], empty["time"]) == (0, approx(25e-6))
 
 
 def test_pipeline_launch_rejects_what_nccl_does_not_offer():

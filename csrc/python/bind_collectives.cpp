@@ -193,7 +193,8 @@ void bind_collectives(py::module_& sim) {
           py::arg("op"), py::arg("bytes"), py::arg("algorithm"), py::arg("protocol"),
           "The pipeline model of one call of (algorithm, protocol): channels launched, threads, the busiest "
           "channel's bytes, chunk, loops, last chunk, sends per loop, slices per chunk, channel bandwidth "
-          "(bytes/s), hop and base latency and time (s). Tree and NVLS: modeled False and the tuner's time");
+          "(bytes/s), hop and base latency and time (s). NVLS: sends are the pipeline's stages (all_reduce 3: scatter, "
+          "reduce, gather; all_gather / reduce_scatter 2). Tree: modeled False and the tuner's time");
 
   py::class_<CollectiveModel, std::shared_ptr<CollectiveModel>>(sim, "CollectiveModel",
                                                                "Times collectives among devices of a platform or topology")

@@ -1,5 +1,7 @@
 #include "nccl_tuning.h"
 
+#include "nccl_tables.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -7,18 +9,18 @@
 namespace zion::sim {
 namespace {
 
+using nccl_tables::generation_index;
+using nccl_tables::kBaseLatency;
+using nccl_tables::kLLMaxBw;
+using nccl_tables::kNvlinkLatency;
+using nccl_tables::kPerChMaxRingLL128Bw;
+
 // Figures of NCCL v2.21.5 (tag v2.21.5-1), src/graph/tuning.cc and
 // src/graph/search.cc. Indices: algorithm Tree, Ring, NVLS; protocol LL,
-// LL128, Simple. Microseconds and GB/s.
+// LL128, Simple. Microseconds and GB/s. baseLat, hwLat[NVLINK], llMaxBws and
+// the ring LL128 cap, which the pipeline model shares, are in nccl_tables.h;
+// the pipeline model itself (launch, time) is nccl_launch.cpp.
 
-// baseLat: Tree {6.8, 14.0, 0}, Ring {6.6, 14.0, 8.4}, NVLS {0, 0, 0}.
-constexpr double kBaseLatency[kNcclAlgorithms][kNcclProtocols] = {{6.8, 14.0, 0}, {6.6, 14.0, 8.4}, {0, 0, 0}};
-// hwLat[NVLINK]: Tree {.6, 1.25, 28}, Ring {.6, 1.9, 3.4}, NVLS {0, 0, 25}.
-constexpr double kNvlinkLatency[kNcclAlgorithms][kNcclProtocols] = {{0.6, 1.25, 28}, {0.6, 1.9, 3.4}, {0, 0, 25}};
-
-// Per GPU generation (Volta, Ampere, Hopper), one node (the N1 column):
-constexpr double kLLMaxBw[3] = {39.0, 87.7, 141.0};            // llMaxBws[gen][0]
-constexpr double kPerChMaxRingLL128Bw[3] = {20.0, 20.0, 36.7};  // perChMaxRingLL128Bws[gen][0]
 constexpr double kPerChMaxTreeLL128Bw[3] = {20.0, 20.0, 36.7};  // perChMaxTreeLL128Bws[gen][0]
 constexpr double kPerChMaxTreeBw[3] = {26.5, 24.0, 38.7};       // perChMaxTreeBws[gen][0]
 
@@ -34,7 +36,6 @@ const std::vector<double> kSpeedsIntra = {40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10
 const std::vector<double> kSpeedsIntraSm90 = {60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0};
 constexpr int kMaxRingChannels = 16;  // init.cc: ringGraph.maxChannels = MAXCHANNELS / 2, MAXCHANNELS 32
 
-int generation_index(int cc) { return cc >= 90 ? 2 : cc >= 80 ? 1 : 0; }
 
 // How many channels of `speed` fit in `capacity` (NCCL subtracts in steps
 // rounded to 1e-3 GB/s; the small slack keeps 240 / 40 at 6).
@@ -109,95 +110,8 @@ NcclGraph search_nvls(double capacity, int ranks) {
   return {};
 }
 
-// The pipeline model's figures, NCCL v2.21.5:
-constexpr int kNcclSteps = 8;                // src/include/device.h NCCL_STEPS
-constexpr int kMaxChannels = 32;             // src/include/device.h MAXCHANNELS
-constexpr int kWarpSize = 32;
-// src/init.cc: DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD (8) x NCCL_LL_MAX_NTHREADS (512) x NCCL_STEPS x
-// 16-byte ncclLLFifoLine; DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD (120) x NCCL_LL128_MAX_NTHREADS (640)
-// x NCCL_STEPS x 8 B; DEFAULT_BUFFSIZE (Simple) 1 << 22.
-constexpr double kBuffSize[kNcclProtocols] = {8.0 * 512 * kNcclSteps * 16, 120.0 * 640 * kNcclSteps * 8, 4194304.0};
-// src/device/device.h: NCCL_LL_MAX_NTHREADS, NCCL_LL128_MAX_NTHREADS, NCCL_SIMPLE_MAX_NTHREADS (ring Simple runs
-// 512 when the ring graph's bwIntra x channels is above PCI_BW, 24 GB/s: tuning.cc simpleDefaultThreads; every
-// NVSwitch graph here is).
-constexpr int kMaxThreads[kNcclProtocols] = {512, 640, 512};
-// src/include/comm.h NCCL_LL_THREAD_THRESHOLD, NCCL_LL128_THREAD_THRESHOLD, NCCL_SIMPLE_THREAD_THRESHOLD
-// (tuning.cc multiplies ring LL's by nRanks).
-constexpr int kThreadThreshold[kNcclProtocols] = {8, 8, 64};
+constexpr int kMaxChannels = 32;  // src/include/device.h MAXCHANNELS
 
-// src/enqueue.cc computeCollChunkInfo, ring: a step is buffSize / NCCL_STEPS; Simple chunks are chunkSteps steps
-// (ALLREDUCE / ALLGATHER / REDUCESCATTER_CHUNKSTEPS = NCCL_STEPS / 2 in src/include/collectives.h, BROADCAST /
-// REDUCE_CHUNKSTEPS 1), LL and LL128 one step; LL carries 8 data bytes per 16-byte line (chunkSize / 2), LL128
-// 15 data words per 16-word 128-byte line (NCCL_LL128_DATAELEMS / NCCL_LL128_LINEELEMS).
-double ring_chunk_bytes(NcclProtocol p, int chunk_steps) {
-  const double step = kBuffSize[static_cast<int>(p)] / kNcclSteps;
-  switch (p) {
-    case NcclProtocol::kLL: return step / 2;
-    case NcclProtocol::kLL128: return std::floor(step / 16) * 15;
-    case NcclProtocol::kSimple: return step * chunk_steps;
-  }
-  return step;
-}
-
-// src/include/enqueue.h: NCCL_SIMPLE_ALIGNMENT (WARP_SIZE x 8 x 16 bytes), NCCL_LL128_ALIGNMENT_PER_WARP (480 B),
-// NCCL_LL_ALIGNMENT_PER_THREAD (8 B); enqueue.cc computeCollAlignCount, in bytes.
-double align_bytes(NcclProtocol p, int threads) {
-  switch (p) {
-    case NcclProtocol::kSimple: return kWarpSize * 8.0 * 16.0;
-    case NcclProtocol::kLL128: return 480.0 * (threads / kWarpSize);
-    case NcclProtocol::kLL: return 8.0 * threads;
-  }
-  return 1;
-}
-
-double div_up(double a, double b) { return std::ceil(a / b); }
-
-// The cuts of a chunk of `bytes` into prims_simple.h's slices: sliceSize = max(divUp(nelem, 16 x SlicePerChunk)
-// x 16, stepSize x StepPerSlice / 32) (the 16-element rounding, under 129 bytes, is left out), as many slices as
-// cover the chunk, at most SlicePerChunk. LL and LL128 have one.
-std::vector<double> slice_bytes(double bytes, int slices, double step_bytes, int steps_per_slice) {
-  if (slices <= 1 || bytes <= 0) return {bytes};
-  const double slice = std::max(bytes / slices, step_bytes * steps_per_slice / 32);
-  std::vector<double> out;
-  for (double done = 0; done < bytes && static_cast<int>(out.size()) < slices; done += slice) {
-    out.push_back(std::min(slice, bytes - done));
-  }
-  return out;
-}
-
-// One loop of a ring kernel (all_reduce.h, all_gather.h, reduce_scatter.h runRing), seen from one rank (every
-// rank runs the same sends at the same times): `sends` sends of the chunk, one after another on the channel;
-// slice s of send j needs slice s of send j - 1 from the previous rank, which arrives a hop latency after it
-// left; the loop's last receive (directRecv) ends it a hop after the last send, and the next loop starts then.
-Seconds ring_loop(int sends, const std::vector<double>& slices, double bandwidth, Seconds hop) {
-  std::vector<Seconds> prev(slices.size(), 0.0), cur(slices.size(), 0.0);
-  Seconds t = 0;
-  for (int j = 0; j < sends; ++j) {
-    for (size_t s = 0; s < slices.size(); ++s) {
-      const Seconds start = j == 0 ? t : std::max(t, prev[s] + hop);
-      t = cur[s] = start + slices[s] / bandwidth;
-    }
-    std::swap(prev, cur);
-  }
-  return sends > 0 ? prev.back() + hop : 0;
-}
-
-// A chain of `hops` (broadcast.h / reduce.h runRing: the root's chunks pass rank to rank): chunk i leaves rank
-// m once rank m has sent chunk i - 1 and chunk i has arrived from rank m - 1 (a hop after it left there); the
-// call ends when the last chunk reaches the chain's end. With `full` chunks of h seconds every path through
-// (rank, chunk) has the same length, so rank m finishes chunk i at (m + i + 1) h + m x hop; a smaller last
-// chunk of `last` seconds follows those.
-Seconds chain(int hops, double full, Seconds h, Seconds last, Seconds hop) {
-  if (hops <= 0) return 0;
-  Seconds arrived = 0, done = 0;
-  for (int m = 0; m < hops; ++m) {
-    const Seconds prev = full > 0 ? (m + full) * h + m * hop : 0;  // rank m done with chunk full - 1
-    const Seconds start = std::max(prev, m == 0 ? 0.0 : arrived);
-    done = start + last;
-    arrived = done + hop;
-  }
-  return arrived;
-}
 
 int log2_floor(double bytes) {
   long long n = static_cast<long long>(bytes);
@@ -349,113 +263,6 @@ int NcclTuning::collective_channels() const {
   const int ring = graphs_[static_cast<int>(NcclAlgorithm::kRing)].channels;
   const int tree = graphs_[static_cast<int>(NcclAlgorithm::kTree)].channels;
   return std::min(kMaxChannels, 2 * std::min(ring, tree));
-}
-
-NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, NcclProtocol p) const {
-  NcclLaunch l;
-  const int c = op_index(op);
-  if (c < 0) throw std::invalid_argument(std::string("NCCL's tuner does not price ") + collective_op_name(op));
-  if (!(bytes >= 0) || !std::isfinite(bytes)) throw std::invalid_argument("NCCL launch: bytes must be >= 0");
-  if (bandwidth_[c][static_cast<int>(a)][static_cast<int>(p)] == 0) {
-    throw std::invalid_argument(std::string("NCCL offers no ") + nccl_algorithm_name(a) + "/" + nccl_protocol_name(p) +
-                                " for " + collective_op_name(op) + " here");
-  }
-  l.collective_channels = collective_channels();
-  if (a != NcclAlgorithm::kRing) {
-    // Tree and NVLS keep the tuner's price (see nccl_tuning.h).
-    for (const auto& choice : candidates(op, bytes)) {
-      if (choice.algorithm == a && choice.protocol == p) l.time = choice.time;
-    }
-    return l;
-  }
-  l.modeled = true;
-  const int n = input_.ranks;
-  const int pi = static_cast<int>(p);
-
-  // enqueue.cc getChannnelThreadInfo: drop a channel while nBytes < channels x threads x threshold, then halve
-  // the threads (while a multiple of 128) the same way; ring Simple adds a sync warp; at least 3 warps.
-  const double threshold = kThreadThreshold[pi] * (p == NcclProtocol::kLL ? n : 1);
-  int nc = l.collective_channels;
-  int nt = kMaxThreads[pi];
-  while (bytes < static_cast<double>(nc) * nt * threshold && nc >= 2) --nc;
-  while (bytes < static_cast<double>(nc) * nt * threshold && nt % 128 == 0) nt /= 2;
-  if (p == NcclProtocol::kSimple) nt += kWarpSize;
-  if (nt / kWarpSize < 3) nt = 3 * kWarpSize;
-  l.threads = nt;
-
-  // addTunedCollToPlan: count split evenly over channels in aligned pieces; all_gather and reduce_scatter count
-  // each rank's piece (nBytes / nRanks).
-  const bool per_rank_piece = op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter;
-  const double work = per_rank_piece ? bytes / n : bytes;
-  const double align = align_bytes(p, nt);
-  const double per_channel = work > 0 ? div_up(div_up(work, nc), align) * align : 0;
-  l.channels = work > 0 ? static_cast<int>(div_up(work, per_channel)) : nc;
-  l.channel_bytes = std::min(per_channel, work);
-
-  const bool chained = op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce;
-  // collectives.h: ALLREDUCE / ALLGATHER / REDUCESCATTER chunk NCCL_STEPS / 2 steps in slices of NCCL_STEPS / 4;
-  // BROADCAST / REDUCE 1 and 1. Only ring Simple uses them (computeCollChunkInfo).
-  const int chunk_steps = chained ? 1 : kNcclSteps / 2;
-  const int slice_steps = chained ? 1 : kNcclSteps / 4;
-  l.slices = p == NcclProtocol::kSimple ? chunk_steps / slice_steps : 1;
-  l.chunk_bytes = ring_chunk_bytes(p, chunk_steps);
-  // A channel's bandwidth: the tuner's ring bus bandwidth formula (the protocol factors and caps above) for
-  // the channels launched, over those channels. Each collective channel carries its share of the search's
-  // channels x bwIntra; LL's llMaxBw caps all launched channels together, LL128's per-channel cap scales with
-  // them. With every collective channel launched it is the tuner's bus bandwidth / collective channels.
-  {
-    const NcclGraph& g = graphs_[static_cast<int>(NcclAlgorithm::kRing)];
-    const double share = static_cast<double>(l.channels) / l.collective_channels;
-    const double raw = g.channels * g.bandwidth * share;
-    const int gen = generation_index(input_.compute_capability);
-    double bus = raw;
-    if (p == NcclProtocol::kLL) bus = std::min(kLLMaxBw[gen], raw * 0.5);
-    if (p == NcclProtocol::kLL128) bus = std::min(raw * 0.92, g.channels * share * kPerChMaxRingLL128Bw[gen]);
-    l.channel_bandwidth = bus * 1e9 / l.channels;
-  }
-  l.hop_latency = kNvlinkLatency[static_cast<int>(NcclAlgorithm::kRing)][pi] * 1e-6;
-  l.base_latency = kBaseLatency[static_cast<int>(NcclAlgorithm::kRing)][pi] * 1e-6;
-  const double step_bytes = kBuffSize[pi] / kNcclSteps;
-  const double W = l.channel_bytes;
-
-  Seconds t = 0;
-  if (chained) {
-    // One chunk per loop down a chain of n - 1 hops.
-    l.sends = n - 1;
-    l.loops = W > 0 ? static_cast<long long>(div_up(W, l.chunk_bytes)) : 0;
-    l.last_chunk_bytes = l.loops > 0 ? W - (l.loops - 1) * l.chunk_bytes : 0;
-    if (l.loops > 0) {
-      t = chain(n - 1, static_cast<double>(l.loops - 1), l.chunk_bytes / l.channel_bandwidth,
-                l.last_chunk_bytes / l.channel_bandwidth, l.hop_latency);
-    }
-  } else {
-    // all_reduce: a loop covers nRanks chunks (one per rank, 2(n-1) sends); the last loop's chunk is the rest
-    // over nRanks, aligned (computeCollLastChunkInfo), and a send moves at most what is left of the loop.
-    // all_gather / reduce_scatter: a loop covers one chunk of each rank's piece, n - 1 sends.
-    const bool all_reduce = op == CollectiveOp::kAllReduce;
-    l.sends = all_reduce ? 2 * (n - 1) : n - 1;
-    const double loop_bytes = all_reduce ? n * l.chunk_bytes : l.chunk_bytes;
-    const double full = std::floor(W / loop_bytes);
-    const double rest = W - full * loop_bytes;
-    l.loops = static_cast<long long>(full) + (rest > 0 ? 1 : 0);
-    l.last_chunk_bytes = rest > 0 ? (all_reduce ? std::min(div_up(div_up(rest, n), align) * align, rest) : rest)
-                                  : (full > 0 ? l.chunk_bytes : 0);
-    if (full > 0) {
-      t += full * ring_loop(l.sends, slice_bytes(l.chunk_bytes, l.slices, step_bytes, slice_steps),
-                            l.channel_bandwidth, l.hop_latency);
-    }
-    if (rest > 0) {
-      t += ring_loop(l.sends, slice_bytes(l.last_chunk_bytes, l.slices, step_bytes, slice_steps),
-                     l.channel_bandwidth, l.hop_latency);
-    }
-  }
-  l.time = l.base_latency + t;
-  return l;
-}
-
-Seconds NcclTuning::time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const {
-  if (model == NcclTimeModel::kTuner || choice.algorithm != NcclAlgorithm::kRing) return choice.time;
-  return launch(op, bytes, choice.algorithm, choice.protocol).time;
 }
 
 NcclChoice NcclTuning::choose(CollectiveOp op, double bytes, const NcclAlgorithm* only) const {

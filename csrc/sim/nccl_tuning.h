@@ -30,9 +30,9 @@
 // launched, the bytes of the busiest channel, the protocol's chunk, the
 // kernel's loops over the channel's bytes, and per loop the ring's sends
 // (2(n-1) for all_reduce, n-1 for all_gather / reduce_scatter, a chain of n-1
-// hops for broadcast / reduce), each send's slices taking bytes / channel
-// bandwidth and reaching the next rank a hop latency later. Tree and NVLS keep
-// the tuner's time in both models.
+// hops for broadcast / reduce), Simple's slices (LL / LL128: lines) taking
+// bytes / channel bandwidth and reaching the next rank a hop later; NVLS
+// as a pipeline of loops through warp groups. Tree keeps the tuner's time.
 
 #include <array>
 #include <string>
@@ -80,7 +80,7 @@ struct NcclChoice {
 // How NCCL v2.21.5 runs one call of a ring (algorithm, protocol), and the
 // time that takes on the busiest channel (the channels run in parallel).
 struct NcclLaunch {
-  bool modeled = false;        // false: Tree and NVLS, timed by the tuner in both models
+  bool modeled = false;        // false: Tree, timed by the tuner in both models
   int collective_channels = 0; // the communicator's (ncclTopoPostset: 2 x min(ring, tree) search channels, <= 32)
   int channels = 0;            // launched (enqueue.cc getChannnelThreadInfo, then addTunedCollToPlan)
   int threads = 0;             // per channel
@@ -88,7 +88,7 @@ struct NcclLaunch {
   double chunk_bytes = 0;      // the protocol's chunk of data (computeCollChunkInfo)
   long long loops = 0;         // iterations of the kernel's loop over the channel's bytes
   double last_chunk_bytes = 0; // the chunk of the last loop (all_reduce: lastChunkCount)
-  int sends = 0;               // sends per loop (broadcast / reduce: hops of the chain)
+  int sends = 0;               // sends per loop (broadcast / reduce: chain hops; NVLS: stages)
   int slices = 1;              // slices per chunk (Simple: CHUNKSTEPS / SLICESTEPS)
   // bytes/s of one channel: the tuner's ring bus bandwidth for the launched channels, over those channels
   double channel_bandwidth = 0;
@@ -117,8 +117,8 @@ class NcclTuning {
   // The fastest pair; `only` restricts it to one algorithm (nullptr: all).
   // Throws std::invalid_argument if no pair is offered.
   NcclChoice choose(CollectiveOp op, double bytes, const NcclAlgorithm* only = nullptr) const;
-  // The pipeline model of one call (see above); Tree and NVLS come back
-  // with modeled = false and the tuner's time.
+  // The pipeline model of one call (see above); Tree comes back with
+  // modeled = false and the tuner's time.
   NcclLaunch launch(CollectiveOp op, double bytes, NcclAlgorithm a, NcclProtocol p) const;
   // The chosen pair's time under `model`.
   Seconds time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const;
