@@ -118,7 +118,7 @@ class SocketTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: torch._ops.OpOverload, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _CPU_STRUCTURAL:
+        if func in _CPU_STRUCTURAL or func in _LIKE_OPS:
             # The CPU kernel only checks its arguments and calls other ops: run it as real mode does.
             return func.redispatch(_CPU_KEYS, *args, **kwargs)
         if _is_composite(func):
@@ -129,7 +129,8 @@ class SocketTensor(torch.Tensor):
             return _run(func, args, kwargs)
 
 
-# CPU kernels that touch no bytes: they check their arguments and call other ops.
+# CPU kernels that touch no bytes: they check their arguments and call other ops
+# (and the *_like factories: empty_like, then a fill).
 _CPU_STRUCTURAL = frozenset({aten._embedding_bag_backward.default})
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -340,8 +341,10 @@ def _copy_to_device(src: SocketTensor, device: torch.device, dtype: torch.dtype 
     if device.type != "zion":
         raise NotImplementedError(f"zion timing-only: a socket tensor copied to {device}; only zion devices model it")
     index = device.index if device.index is not None else torch.zion.current_device()
-    dst = torch.empty_strided(src.shape, src.stride() if src.is_contiguous() else _contiguous_strides(src.shape),
-                              dtype=dtype or src.dtype, device=torch.device("zion", index))
+    # As _to_copy allocates: empty for a contiguous source, else its strides kept when dense.
+    zion = torch.device("zion", index)
+    dst = torch.empty(src.shape, dtype=dtype or src.dtype, device=zion) if src.is_contiguous() else \
+        torch.empty_strided(src.shape, _contiguous_strides(src.shape), dtype=dtype or src.dtype, device=zion)
     socket = src.socket if src.socket >= 0 else _native.home_socket(index)
     _native.price_copy(index, socket, False, float(dst.numel() * dst.element_size()), True, non_blocking)
     return dst
@@ -416,16 +419,30 @@ def _sparse_new(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if sparse_dim != 1 or dense_dim != values.dim() - 1:
         raise NotImplementedError(f"zion timing-only: sparse socket tensors have one sparse dimension; got {sparse_dim}")
     with _observed():
-        aten.alias.default(indices)  # the CPU kernel's own calls are free (views, resize_): it is not a leaf
+        aten.alias.default(_FREE_CHILD)  # the CPU kernel's own calls are free (views, resize_): it is not a leaf
     return SocketTensor.sparse(indices, values, list(size), bool(kwargs.get("is_coalesced") or False))
 
 
 def _coalesce(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """As torch's CPU kernel (_coalesce_sparse_cpu): new indices [1, nnz] and
+    values [nnz, D], narrowed to the unique count; a sort of the flat indices
+    meanwhile. The unique indices are real."""
     t = args[0]
-    unique = torch.unique(t._indices_real.reshape(-1), sorted=True).reshape(1, -1)
-    meta = torch.empty((unique.shape[1], *t._values_st.shape[1:]), dtype=t.dtype, device="meta")
+    indices = t._indices_real
+    nnz = indices.shape[1]
+    unique = torch.unique(indices.reshape(-1), sorted=True)
+    new_indices = torch.empty((1, nnz), dtype=indices.dtype)
+    new_indices[0, :unique.numel()] = unique
+    meta = torch.empty((nnz, *t._values_st.shape[1:]), dtype=t.dtype, device="meta")
     values = SocketTensor(meta, _reserve(meta.untyped_storage().nbytes()))
-    return SocketTensor.sparse(unique, values, list(t.shape), True)
+    # The kernel's sort (three [nnz] int64 buffers, measured against real mode's pool), while the
+    # unique indices above are still held: those bytes less.
+    scratch = _reserve(max(3 * nnz * indices.element_size() - unique.numel() * unique.element_size(), 0))
+    del scratch
+    u = unique.numel()
+    del unique
+    narrowed = SocketTensor(meta[:u], values._reservation)
+    return SocketTensor.sparse(new_indices[:, :u], narrowed, list(t.shape), True)
 
 
 @contextlib.contextmanager
@@ -453,6 +470,16 @@ def _sparse_mask(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         return dense.mul(template)
 
 
+_FREE_CHILD = torch.empty(0)
+
+
+def _empty_like(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """empty_like of a socket tensor; its CPU kernel calls empty_strided (free), so it is not a leaf."""
+    with _observed():
+        aten.alias.default(_FREE_CHILD)
+    return _generic(func, args, kwargs)
+
+
 def _mul(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """dense * sparse: a sparse result on the sparse one's indices, new values."""
     a, b = args[0], args[1]
@@ -465,7 +492,12 @@ def _mul(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     indices = sparse._indices_real if isinstance(sparse, SocketTensor) else sparse._indices()
     nnz = indices.shape[1]
     meta = torch.empty((nnz, *dense.shape[1:]), dtype=torch.promote_types(a.dtype, b.dtype), device="meta")
+    # As the CPU kernel's bytes (measured against real mode's pool): the dense
+    # rows gathered at the indices (given back), new values and a copy of the indices.
+    gathered = _reserve(meta.untyped_storage().nbytes())
     values = SocketTensor(meta, _reserve(meta.untyped_storage().nbytes()))
+    indices = indices.clone()
+    del gathered
     return SocketTensor.sparse(indices, values, list(dense.shape), sparse.is_coalesced())
 
 
@@ -540,6 +572,7 @@ _SPECIAL: dict[Any, Callable[[torch._ops.OpOverload, tuple, dict], Any]] = {
     aten.copy_.default: _copy_,
     aten._sparse_coo_tensor_with_dims_and_tensors.default: _sparse_new,
     aten.mul.Tensor: _mul,
+    aten.empty_like.default: _empty_like,
     aten._coalesce.default: _coalesce,
     aten.sparse_mask.default: _sparse_mask,
     aten.clone.default: _sparse_clone,
@@ -565,42 +598,97 @@ def _run(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 # --- factories inside a socket scope ---------------------------------------
+#
+# A TorchFunctionMode, not a TorchDispatchMode: a dispatch mode sees every op
+# of the scope, the zion ops and the autograd engine's too, and its Python
+# frames hold references that change the use-count checks by which C++ code
+# decides to work in place (measured: the DLRM step's modeled time and peak
+# HBM moved). A function mode sees the script's own calls only.
 
-# The allocations every factory ends in: inside a socket scope they are socket tensors.
-_ALLOCATORS = frozenset({aten.empty.memory_format, aten.empty_strided.default})
-# Factories whose CPU kernel allocates through the dispatcher and fills (empty + fill_, empty + uniform_):
-# they run as on the CPU, their allocation made a socket tensor and their fill priced on it.
-_FILLED_FACTORIES = frozenset({
-    aten.zeros.default, aten.ones.default, aten.full.default, aten.rand.default, aten.randn.default,
-    aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
-    aten.rand_like.default, aten.randn_like.default, aten.new_empty.default, aten.new_zeros.default,
-    aten.new_ones.default, aten.new_full.default, aten.new_empty_strided.default})
+# Python-level factories: (torch function, what it is like: None or the index of its "like" argument).
+_EMPTY_FACTORIES = {torch.empty: None, torch.empty_strided: None, torch.empty_like: 0,
+                    torch.Tensor.new_empty: 0, torch.Tensor.new_empty_strided: 0}
+# Factories that fill what they allocate: made as ``*_like`` of a template, so the
+# allocation is counted once and the fill priced on the socket as in real mode.
+_FILLED_FACTORIES = {torch.zeros: torch.zeros_like, torch.ones: torch.ones_like, torch.full: torch.full_like,
+                     torch.rand: torch.rand_like, torch.randn: torch.randn_like,
+                     torch.zeros_like: torch.zeros_like, torch.ones_like: torch.ones_like,
+                     torch.full_like: torch.full_like, torch.rand_like: torch.rand_like,
+                     torch.randn_like: torch.randn_like, torch.Tensor.new_zeros: torch.zeros_like,
+                     torch.Tensor.new_ones: torch.ones_like, torch.Tensor.new_full: torch.full_like}
+# On a socket tensor these CPU kernels call empty_like (a socket tensor again) and fill it.
+_LIKE_OPS = frozenset({aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                       aten.rand_like.default, aten.randn_like.default})
 
 
-def _factory_device(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> torch.device:
+def _factory_shape(func: Callable, args: tuple, kwargs: dict) -> tuple[list[int] | None, torch.Tensor | None, tuple]:
+    """(size, the like tensor, the remaining positional arguments) of a factory call."""
+    like = None
+    rest = args
+    if func in (torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.rand_like,
+                torch.randn_like):
+        like, rest = args[0], args[1:]
+        return list(like.shape), like, rest
+    if func in (torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_full,
+                torch.Tensor.new_empty_strided):
+        like, args = args[0], args[1:]
+    size = kwargs.get("size")
+    if size is None:
+        if not args:
+            return [], like, ()
+        if isinstance(args[0], (list, tuple, torch.Size)):
+            size, rest = list(args[0]), args[1:]
+        else:
+            n = 0
+            while n < len(args) and isinstance(args[n], int) and not isinstance(args[n], bool):
+                n += 1
+            size, rest = list(args[:n]), args[n:]
+    return list(size), like, rest
+
+
+def _socket_factory(func: Callable, args: tuple, kwargs: dict) -> "SocketTensor | None":
+    """A floating-point CPU factory as a socket tensor, or None (another device, an integer dtype, a layout)."""
+    size, like, rest = _factory_shape(func, args, kwargs)
     device = kwargs.get("device")
     if device is None:
-        device = args[0].device if args and isinstance(args[0], torch.Tensor) else torch.get_default_device()
-    return torch.device(device)
+        device = like.device if like is not None else torch.get_default_device()
+    dtype = kwargs.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+    if torch.device(device).type != "cpu" or not dtype.is_floating_point or kwargs.get("out") is not None or \
+            kwargs.get("layout", torch.strided) != torch.strided or kwargs.get("pin_memory"):
+        return None
+    if func in _EMPTY_FACTORIES:
+        if func in (torch.empty_strided, torch.Tensor.new_empty_strided):
+            stride = list(rest[0] if rest else kwargs["stride"])
+            elements = 0 if any(n == 0 for n in size) else 1 + sum((n - 1) * st for n, st in zip(size, stride))
+            meta = torch.empty((elements,), dtype=dtype, device="meta").as_strided(size, stride)
+        elif like is not None and func is torch.empty_like and kwargs.get("memory_format") in (
+                None, torch.preserve_format):
+            meta = torch.empty_like(_meta_like(like) if like.device.type != "meta" else like, dtype=dtype,
+                                    device="meta")
+        else:
+            meta = torch.empty(size, dtype=dtype, device="meta")
+        return SocketTensor(meta, _reserve(meta.untyped_storage().nbytes()))
+    template = SocketTensor(torch.empty(size, dtype=dtype, device="meta"), None)  # no bytes: only its shape
+    fill_args = rest
+    fill_kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "dtype", "size", "requires_grad")}
+    made = _FILLED_FACTORIES[func](template, *fill_args, **fill_kwargs)
+    if kwargs.get("requires_grad"):
+        made.requires_grad_(True)
+    return made
 
 
-class SocketFactoryMode(TorchDispatchMode):
+class SocketFactoryMode(torch.overrides.TorchFunctionMode):
     """Pushed by ``zion_emu.socket(i)`` in timing-only mode: a floating-point
-    CPU tensor made on a thread inside a socket scope is a storage-less
-    :class:`SocketTensor` counted in that socket's pool."""
+    CPU tensor the script makes on a thread inside a socket scope is a
+    storage-less :class:`SocketTensor` counted in that socket's pool."""
 
-    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if not getattr(_state, "inside", False) and _native.scoped_socket() >= 0:
-            if func in _ALLOCATORS and _factory_device(func, args, kwargs).type == "cpu":
-                with _inside_handler():
-                    made = _factory(func, args, kwargs)
-                if made is not None:
-                    return made
-            elif func in _FILLED_FACTORIES and _factory_device(func, args, kwargs).type == "cpu":
-                with self:  # its allocation comes back here
-                    return func.redispatch(_CPU_KEYS, *args, **kwargs)
+        if (func in _EMPTY_FACTORIES or func in _FILLED_FACTORIES) and not getattr(_state, "inside", False) and \
+                _native.scoped_socket() >= 0:
+            made = _socket_factory(func, args, kwargs)
+            if made is not None:
+                return made
         return func(*args, **kwargs)
 
 

@@ -67,6 +67,8 @@ class socket:
         self._modes: list[bool] = []  # per entry: whether it pushed the timing-only factory mode
 
     def __enter__(self) -> "socket":
+        if _C.device.mode() == "timing":
+            import zion_emu.socket_tensor  # noqa: F401  (its import makes a tensor: not in the scope's pool)
         self._saved.append(_native.scoped_socket())
         _native.set_scoped_socket(self.index)
         self._modes.append(_push_factory_mode())
@@ -74,7 +76,7 @@ class socket:
 
     def __exit__(self, *exc: Any) -> None:
         if self._modes.pop():
-            from torch.utils._python_dispatch import _pop_mode
+            from torch.overrides import _pop_mode
 
             _pop_mode()
         _native.set_scoped_socket(self._saved.pop())
@@ -92,11 +94,9 @@ def _push_factory_mode() -> bool:
     """In timing-only mode: the mode that makes CPU factories socket tensors (see socket_tensor)."""
     if _C.device.mode() != "timing":
         return False
-    from torch.utils._python_dispatch import _push_mode
-
     from zion_emu.socket_tensor import SocketFactoryMode
 
-    _push_mode(SocketFactoryMode())
+    SocketFactoryMode().__enter__()
     return True
 
 
