@@ -144,6 +144,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
   }
   if (parent) f.covered = parent->priced || parent->covered;
+  // A zion op's CPU kernel (on aliases of device memory, or timing-only
+  // mode's stand-ins) is the device's work, priced on the device.
+  if (KernelHostMemory::in_zion_kernel()) f.covered = true;
   if (!fn.operator_name() && is_python_dispatch(fn)) {
     f.transparent = true;
     t_frames.push_back(std::move(f));
