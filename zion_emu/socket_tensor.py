@@ -51,11 +51,18 @@ class _Reservation:
     __slots__ = ("socket", "nbytes")
 
     def __init__(self, socket: int, nbytes: int) -> None:
-        _native.reserve(socket, nbytes)
+        self.socket, self.nbytes = -1, 0
+        try:
+            _native.reserve(socket, nbytes)
+        except RuntimeError as e:
+            if "out of DDR" in str(e):  # real mode's allocator raises torch.OutOfMemoryError
+                raise torch.OutOfMemoryError(str(e)) from None
+            raise
         self.socket, self.nbytes = socket, nbytes
 
     def __del__(self) -> None:
-        _native.unreserve(self.socket, self.nbytes)
+        if self.socket >= 0:
+            _native.unreserve(self.socket, self.nbytes)
 
 
 def _reserve(nbytes: int) -> _Reservation | None:

@@ -4,6 +4,7 @@
 
 #include <ATen/record_function.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "device/aten/copy.h"
 #include "device/aten/timing.h"
