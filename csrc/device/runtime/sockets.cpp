@@ -112,6 +112,17 @@ void describe(const c10::IValue& v, std::vector<sim::TensorDesc>& out, bool& off
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     if (!t.device().is_cpu()) off_cpu = true;
+    if (t.is_sparse()) {
+      // Described by what it stores, as a zion tensor is (op_pricing.cpp): a
+      // sparse update of a table costs its rows, not a pass over the table.
+      // The accessors run unobserved (a socket tensor's are Python's).
+      at::RecordFunctionGuard unobserved(false);
+      const at::Tensor values = t._values();
+      out.push_back(sim::TensorDesc{std::vector<int64_t>(values.sizes().begin(), values.sizes().end()),
+                                    model_dtype(t.scalar_type()), static_cast<int>(t.element_size()),
+                                    t._indices().numel()});
+      return;
+    }
     out.push_back(sim::TensorDesc{std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), model_dtype(t.scalar_type()),
                                   static_cast<int>(t.element_size())});
   };
