@@ -13,8 +13,9 @@ embedding-bag kernel runs on a one-row zero stand-in, so offset2bag and the
 sparse gradient's indices are real mode's, and coalescing a sparse gradient
 keeps its real unique indices (nnz is data-dependent).
 
-Factories (``torch.empty``, ``nn.EmbeddingBag``'s construction, ``*_like``)
-reach :class:`SocketFactoryMode`, which the socket scope pushes in
+Factories the script calls (``torch.empty``/``zeros``/``rand``, ``*_like``,
+``new_*``, ``nn.utils.skip_init``'s ``to_empty``) reach
+:class:`SocketFactoryMode`, a TorchFunctionMode the socket scope pushes in
 timing-only mode. Copies to and from a zion device are priced as the real
 socket -> UPI -> PCIe -> OAM copy (``_C.host_memory.price_copy``); the
 gradient of such a copy comes back as a SocketTensor (:class:`_ToDevice`).
@@ -22,10 +23,12 @@ A value read by the host (``.item()``, ``.tolist()``, a copy into a real
 tensor) is a placeholder, counted per call site like a storage-less zion
 tensor's.
 
-Limits: the CPU kernels of a few ops without a formula in the socket's cost
-table call other ops in real mode, which the observer prices one by one; here
-such an op is one leaf, priced by the table's default. bench/README.md gives
-the difference measured on the DLRM example.
+Where torch's CPU kernel only calls other ops (composite ops, the
+embedding-bag backward, ``*_like``), it runs so here too, and the observer
+prices each inner op as in real mode. Where it computes (``coalesce``,
+``sparse_mask``, ``dense * sparse``), the handler allocates in the pool what
+the kernel allocates and calls the ops it calls, so time and DDR peaks equal
+real mode's (python_tests/test_timing_ddr.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import threading
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from zion_emu import _C
@@ -207,27 +209,6 @@ def _meta_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if "device" in kwargs and kwargs["device"] is not None:
         mkwargs["device"] = torch.device("meta")
     return margs, mkwargs
-
-
-def _factory(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> "SocketTensor | None":
-    """A factory's result as a socket tensor, or None when it is not floating-point (it stays real)."""
-    dtype = kwargs.get("dtype") or torch.get_default_dtype()
-    if not dtype.is_floating_point:
-        return None
-    if func is aten.empty_strided.default:
-        size, stride = list(args[0]), list(args[1])
-        # computeStorageNbytes, as the CPU allocator is asked for it (not torch.empty_strided on
-        # meta, which loops in timing-only mode: see _fresh_like)
-        elements = 0 if any(n == 0 for n in size) else 1 + sum((n - 1) * st for n, st in zip(size, stride))
-        meta = torch.empty((elements,), dtype=dtype, device="meta").as_strided(size, stride)
-        return SocketTensor(meta, _reserve(meta.untyped_storage().nbytes()))
-    margs, mkwargs = _meta_arguments(args, kwargs)
-    mkwargs["device"] = torch.device("meta")
-    mkwargs.pop("pin_memory", None)
-    meta = func(*margs, **mkwargs)
-    if not meta.dtype.is_floating_point:
-        return None
-    return SocketTensor(meta, _reserve(meta.untyped_storage().nbytes()))
 
 
 def _aliased_argument(func: torch._ops.OpOverload, ret: int, args: tuple, kwargs: dict) -> Any:
@@ -697,7 +678,3 @@ class SocketFactoryMode(torch.overrides.TorchFunctionMode):
             if made is not None:
                 return made
         return func(*args, **kwargs)
-
-
-def is_socket_tensor(t: torch.Tensor) -> bool:
-    return isinstance(t, SocketTensor)
