@@ -139,8 +139,8 @@ void PinnedAllocator::check_host_backing(int socket, size_t nbytes) {
   TORCH_CHECK(false, "zion: socket ", socket, " cannot back an allocation of ", gib(static_cast<int64_t>(nbytes)),
               " with host memory: the modeled DDR pool has room (", gib(p.in_use), " of ", gib(p.capacity),
               " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
-              " available to this process. Tensors in a socket's DDR are CPU tensors, which keep their bytes in "
-              "timing-only mode too. Existing buffers are intact.");
+              " available to this process. Tensors in a socket's DDR are CPU tensors with host bytes; with --timing-only "
+              "(ZION_MODE=timing) the floating-point ones have none. Existing buffers are intact.");
 }
 
 bool PinnedAllocator::release(void* ptr) {
