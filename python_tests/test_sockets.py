@@ -171,3 +171,50 @@ def test_a_socket_scope_places_tensors_after_set_platform_before_any_zion_tensor
         print(zion_emu.sockets.socket_of(t), zion_emu.sockets.memory(1).in_use)
     """)
     assert done.stdout.split() == ["1", "4096"]
+
+
+def test_a_python_dispatch_mode_in_a_socket_scope_changes_no_price():
+    # torch records a call into a TorchDispatchMode (or a tensor subclass) as
+    # "PythonDispatchMode"; the observer looks through it: the mm is still one
+    # op, priced at flops over the socket's peak.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    ops0, busy0 = sockets.counters(2)["ops"], sockets.counters(2)["busy_s"]
+    with zion_emu.socket(2), PassThrough():
+        torch.mm(a, b)
+    assert sockets.counters(2)["ops"] == ops0 + 1
+    assert sockets.counters(2)["busy_s"] - busy0 == pytest.approx(2 * 512 ** 3 / SOCKET_FP32, rel=1e-9)
+
+
+def test_a_zion_sparse_op_inside_a_socket_scope_stays_on_the_device():
+    # zion runs a sparse op's CPU kernel on aliases of device memory: that is
+    # the device's work, not the socket's.
+    indices = torch.tensor([[3, 1, 3, 0]])
+    sparse = torch.sparse_coo_tensor(indices, torch.ones(4, 8), (10, 8)).to("zion")
+    ops0, in_use0 = sockets.counters(1)["ops"], sockets.memory(1).in_use
+    with zion_emu.socket(1):
+        c = sparse.coalesce()
+    assert c.device.type == "zion" and c._nnz() == 3
+    assert sockets.counters(1)["ops"] == ops0
+    assert sockets.memory(1).in_use == in_use0
+
+
+def test_a_sparse_update_of_a_ddr_table_costs_its_rows_not_the_table():
+    # A sparse gradient is described by what it stores (values and indices),
+    # as on zion: adding 512 rows into a table of 1,000 rows or of 200,000
+    # costs the same.
+    costs = []
+    for rows in (1_000, 200_000):
+        with zion_emu.socket(4):
+            table = torch.zeros(rows, 64)
+        grad = torch.sparse_coo_tensor(torch.randint(0, 1_000, (1, 512)), torch.ones(512, 64), (rows, 64))
+        busy0 = sockets.counters(4)["busy_s"]
+        with zion_emu.socket(4):
+            table.add_(grad)
+        costs.append(sockets.counters(4)["busy_s"] - busy0)
+    assert costs[0] > 0 and costs[1] == pytest.approx(costs[0], rel=1e-12)

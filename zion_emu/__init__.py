@@ -58,7 +58,7 @@ __all__ = [
 _SUBMODULES = (
     "astra", "async_ps", "breakdown", "cli", "comm", "cost", "cuda_compat", "data", "device", "distributed",
     "inductor", "inference", "iterations", "launch", "memory", "platform", "profiler", "report", "report_html", "report_text",
-    "sim", "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
+    "sim", "socket_tensor", "sockets", "state", "timeline", "torchrec", "trace", "virtual_clock",
 )
 
 

@@ -19,6 +19,11 @@ memory lives on the socket the current OAM's PCIe switch hangs off.
 
 Formulas given with :func:`zion_emu.cost.register` price zion ops; socket
 ops use the built-in table.
+
+In timing-only mode the scope also makes this thread's new floating-point
+CPU tensors storage-less socket tensors (:mod:`zion_emu.socket_tensor`):
+their bytes are counted in the socket's pool and their ops priced as above,
+with no host memory behind them.
 """
 
 from __future__ import annotations
@@ -59,13 +64,21 @@ class socket:
     def __init__(self, index: int) -> None:
         self.index = _check(index)
         self._saved: list[int] = []
+        self._modes: list[bool] = []  # per entry: whether it pushed the timing-only factory mode
 
     def __enter__(self) -> "socket":
+        if _C.device.mode() == "timing":
+            import zion_emu.socket_tensor  # noqa: F401  (its import makes a tensor: not in the scope's pool)
         self._saved.append(_native.scoped_socket())
         _native.set_scoped_socket(self.index)
+        self._modes.append(_push_factory_mode())
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._modes.pop():
+            from torch.overrides import _pop_mode
+
+            _pop_mode()
         _native.set_scoped_socket(self._saved.pop())
 
     def __call__(self, fn: F) -> F:
@@ -75,6 +88,16 @@ class socket:
                 return fn(*args, **kwargs)
 
         return wrapped  # type: ignore[return-value]
+
+
+def _push_factory_mode() -> bool:
+    """In timing-only mode: the mode that makes CPU factories socket tensors (see socket_tensor)."""
+    if _C.device.mode() != "timing":
+        return False
+    from zion_emu.socket_tensor import SocketFactoryMode
+
+    SocketFactoryMode().__enter__()
+    return True
 
 
 def current_socket() -> int:
@@ -88,6 +111,10 @@ def socket_of(t: torch.Tensor) -> int:
     outside the pools (ordinary pageable memory)."""
     if t.device.type != "cpu":
         raise ValueError(f"socket_of takes a CPU tensor, got one on {t.device}")
+    from zion_emu.socket_tensor import SocketTensor
+
+    if isinstance(t, SocketTensor):
+        return t.socket
     return _native.socket_of(t.data_ptr()) if t.numel() else -1
 
 

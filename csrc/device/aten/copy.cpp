@@ -157,12 +157,21 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
   const at::Tensor& host = to_zion ? src : dst;
   // The host side is the socket whose DDR holds the tensor (pinned memory,
   // or memory placed by zion_emu.socket(i)); other memory counts as the
-  // device's home socket's. The route from there crosses UPI when that
-  // socket is not the one the OAM's PCIe switch hangs off.
+  // device's home socket's.
   const void* host_ptr = host.numel() ? host.const_data_ptr() : nullptr;
   int placed_socket = pinned_allocator().socket_of(host_ptr);
   bool pinned = placed_socket >= 0 && pinned_allocator().is_pinned(host_ptr);
   int socket_index = placed_socket >= 0 ? placed_socket : home_socket(rt.platform, device);
+  price_host_copy(device, socket_index, pinned, bytes, to_zion, non_blocking);
+}
+
+void price_host_copy(int device, int socket_index, bool pinned, double bytes, bool to_zion, bool non_blocking) {
+  Runtime& rt = runtime();
+  TORCH_CHECK_INDEX(device >= 0 && device < rt.platform.oam.count, "zion: device ", device, " does not exist");
+  TORCH_CHECK_INDEX(socket_index >= 0 && socket_index < rt.platform.socket.count, "zion: socket ", socket_index,
+                    " does not exist");
+  int stream = static_cast<int>(current_stream(device).id());
+  // The route from the socket crosses UPI when it is not the one the OAM's PCIe switch hangs off.
   int oam = sim::device_vertex(rt.topology, rt.platform, device);
   int socket = rt.topology.find(sim::VertexKind::kSocket, 0, socket_index);
   // Pageable memory goes through a pinned staging buffer, copied by the host

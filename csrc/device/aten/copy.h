@@ -24,6 +24,10 @@ namespace zion::device {
 // copy: on the source's current stream, after the destination's current
 // stream, which then waits for it; its bytes count on the source device.
 void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blocking);
+// The time of a copy between host memory on socket `socket_index` (pinned
+// or pageable) and device `device`, as copy_between prices it, without
+// moving bytes: timing-only tensors in a socket's DDR (zion_emu/socket_tensor.py).
+void price_host_copy(int device, int socket_index, bool pinned, double bytes, bool to_zion, bool non_blocking);
 
 // Copies srcs[i] into dsts[i] (zion tensors, same shape and dtype), issued
 // at once: copy i lands on stream streams[i] of its destination device (the

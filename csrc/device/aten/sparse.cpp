@@ -239,6 +239,9 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   const size_t num_args = schema.arguments().size();
+  // The CPU kernel works for the device: its scratch is not a socket's DDR,
+  // and its ops are not charged to a socket scope's track (sockets.cpp).
+  KernelHostMemory::Scope kernel_memory;
   SparseCall call{op};
   if (storage_less) {
     call.timing = sparse_timing_of(schema, stack);

@@ -104,6 +104,30 @@ c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned
   return {data, data, &delete_pooled, c10::Device(c10::DeviceType::CPU)};
 }
 
+void PinnedAllocator::reserve(int socket, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK_INDEX(socket >= 0 && socket < static_cast<int>(pools_.size()), "zion: socket ", socket, " does not exist");
+  SocketMemoryStats& p = pools_[socket];
+  if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) {
+    p.num_ooms += 1;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of DDR on socket ", socket,
+                     " (pageable host memory, timing-only). Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (",
+                     nbytes, " bytes); ", gib(p.in_use), " of its ", gib(p.capacity),
+                     " DDR capacity are in use. Existing buffers are intact.");
+  }
+  p.in_use += static_cast<int64_t>(nbytes);
+  p.peak = std::max(p.peak, p.in_use);
+  p.allocations += 1;
+}
+
+void PinnedAllocator::unreserve(int socket, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A reservation of a platform replaced since keeps no pool's count.
+  if (socket < 0 || socket >= static_cast<int>(pools_.size())) return;
+  pools_[socket].in_use -= static_cast<int64_t>(nbytes);
+  pools_[socket].allocations -= 1;
+}
+
 void PinnedAllocator::check_host_backing(int socket, size_t nbytes) {
   unchecked_bytes_.store(0, std::memory_order_relaxed);
   if (socket < 0 || socket >= sockets()) return;  // allocate_on names the socket
@@ -115,8 +139,8 @@ void PinnedAllocator::check_host_backing(int socket, size_t nbytes) {
   TORCH_CHECK(false, "zion: socket ", socket, " cannot back an allocation of ", gib(static_cast<int64_t>(nbytes)),
               " with host memory: the modeled DDR pool has room (", gib(p.in_use), " of ", gib(p.capacity),
               " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
-              " available to this process. Tensors in a socket's DDR are CPU tensors, which keep their bytes in "
-              "timing-only mode too. Existing buffers are intact.");
+              " available to this process. Tensors in a socket's DDR are CPU tensors with host bytes; with --timing-only "
+              "(ZION_MODE=timing) the floating-point ones have none. Existing buffers are intact.");
 }
 
 bool PinnedAllocator::release(void* ptr) {

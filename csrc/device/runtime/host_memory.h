@@ -35,6 +35,11 @@ class PinnedAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
+  // Counts `nbytes` in `socket`'s pool without host memory behind them, as
+  // allocate_on counts a pageable buffer (OutOfMemoryError past capacity);
+  // unreserve gives them back. For timing-only tensors in a socket's DDR.
+  void reserve(int socket, size_t nbytes);
+  void unreserve(int socket, size_t nbytes);
   // The socket whose pool holds a buffer containing `ptr`, or -1.
   int socket_of(const void* ptr) const;
   // Whether `ptr` lies in a pinned buffer.

@@ -6,6 +6,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,6 +65,7 @@ SocketModel& socket_model() {
 // composite op without one is priced by the ops it calls; a leaf without a
 // formula is the default guess. Views move no data and are free.
 struct Frame {
+  bool transparent = false;  // torch's record of a Python dispatch (a mode, a tensor subclass): not an op
   bool priced = false;   // charged at its end; what it calls is not
   bool covered = false;  // inside a priced op (or a view): not charged
   bool had_child = false;
@@ -110,6 +112,17 @@ void describe(const c10::IValue& v, std::vector<sim::TensorDesc>& out, bool& off
   auto add = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     if (!t.device().is_cpu()) off_cpu = true;
+    if (t.is_sparse()) {
+      // Described by what it stores, as a zion tensor is (op_pricing.cpp): a
+      // sparse update of a table costs its rows, not a pass over the table.
+      // The accessors run unobserved (a socket tensor's are Python's).
+      at::RecordFunctionGuard unobserved(false);
+      const at::Tensor values = t._values();
+      out.push_back(sim::TensorDesc{std::vector<int64_t>(values.sizes().begin(), values.sizes().end()),
+                                    model_dtype(t.scalar_type()), static_cast<int>(t.element_size()),
+                                    t._indices().numel()});
+      return;
+    }
     out.push_back(sim::TensorDesc{std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), model_dtype(t.scalar_type()),
                                   static_cast<int>(t.element_size())});
   };
@@ -124,13 +137,33 @@ void describe(const c10::IValue& v, std::vector<sim::TensorDesc>& out, bool& off
   }
 }
 
+// torch records each call into Python dispatch (__torch_dispatch__ of a mode
+// or a tensor subclass) under these names: the ops inside belong to the op
+// that dispatched there, as they would without the Python layer.
+bool is_python_dispatch(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  return std::strcmp(name, "PythonDispatchMode") == 0 || std::strcmp(name, "PythonSubclass") == 0;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Frame f;
-  if (!t_frames.empty()) {
-    Frame& parent = t_frames.back();
-    parent.had_child = true;
-    f.covered = parent.priced || parent.covered;
+  Frame* parent = nullptr;  // the nearest op above
+  for (auto it = t_frames.rbegin(); it != t_frames.rend(); ++it) {
+    if (!it->transparent) {
+      parent = &*it;
+      break;
+    }
   }
+  if (parent) f.covered = parent->priced || parent->covered;
+  // A zion op's CPU kernel (on aliases of device memory, or timing-only
+  // mode's stand-ins) is the device's work, priced on the device.
+  if (KernelHostMemory::in_zion_kernel()) f.covered = true;
+  if (!fn.operator_name() && is_python_dispatch(fn)) {
+    f.transparent = true;
+    t_frames.push_back(std::move(f));
+    return nullptr;
+  }
+  if (parent) parent->had_child = true;
   if (!f.covered) {
     if (auto name = fn.operator_name()) {
       const OpFacts& k = facts(*name, socket_cost_model());
@@ -152,7 +185,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   Frame frame = std::move(t_frames.back());
   t_frames.pop_back();
   int socket = scoped_socket();
-  if (socket < 0 || frame.covered || (!frame.priced && frame.had_child)) return;
+  if (socket < 0 || frame.transparent || frame.covered || (!frame.priced && frame.had_child)) return;
   auto name = fn.operator_name();
   if (!name) return;
   sim::OpCall call;
