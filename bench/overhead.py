@@ -88,24 +88,33 @@ def rss_ratio() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", choices=("tiny", "dlrm"), help="measure only the tiny op or only the DLRM step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = []
-    cpu = statistics.median(tiny_op("cpu", 20000) for _ in range(args.repeat))
-    zion = statistics.median(tiny_op("zion", 20000) for _ in range(args.repeat))
-    rows.append(("tiny op x + 1 (1 element)", "us/op", cpu, zion, 1.20))
+    tiny_pair_ratio = None
     cpu_runs, zion_runs = [], []
-    for _ in range(args.repeat):  # interleaved, so a change in machine load hits both alike
+    for _ in range(args.repeat if args.only != "dlrm" else 0):  # interleaved, as the DLRM runs below
+        cpu_runs.append(tiny_op("cpu", 20000))
+        zion_runs.append(tiny_op("zion", 20000))
+    if cpu_runs:
+        rows.append(("tiny op x + 1 (1 element)", "us/op", statistics.median(cpu_runs), statistics.median(zion_runs), 1.20))
+        tiny_pair_ratio = statistics.median(z / c for c, z in zip(cpu_runs, zion_runs))
+    cpu_runs, zion_runs = [], []
+    for _ in range(args.repeat if args.only != "tiny" else 0):  # interleaved, so a change in machine load hits both alike
         cpu_runs.append(dlrm_step_ms("cpu", 20))
         zion_runs.append(dlrm_step_ms("zion", 20))
-    cpu, zion = (statistics.median(ms for ms, _ in runs) for runs in (cpu_runs, zion_runs))
-    rows.append(("small DLRM training step", "ms/step", cpu, zion, 1.10))
-    cpu, zion = (statistics.median(f for _, f in runs) for runs in (cpu_runs, zion_runs))
-    rows.append(("page faults per DLRM step", "faults", cpu, zion, None))
+    if cpu_runs:
+        cpu, zion = (statistics.median(ms for ms, _ in runs) for runs in (cpu_runs, zion_runs))
+        rows.append(("small DLRM training step", "ms/step", cpu, zion, 1.10))
+        cpu, zion = (statistics.median(f for _, f in runs) for runs in (cpu_runs, zion_runs))
+        rows.append(("page faults per DLRM step", "faults", cpu, zion, None))
     print(f"{'measure':32s} {'unit':8s} {'cpu':>10s} {'zion':>10s} {'ratio':>7s} {'target':>7s}")
     for name, unit, c, z, target in rows:
         ratio = f"{z / c:7.2f}" if c else f"{'':>7s}"
         print(f"{name:32s} {unit:8s} {c:10.2f} {z:10.2f} {ratio} {'' if target is None else f'{target:7.2f}':>7s}")
+    if tiny_pair_ratio is not None:
+        print(f"{'tiny op, median of paired ratios':32s} {'ratio':8s} {'':>10s} {'':>10s} {tiny_pair_ratio:7.2f} {1.20:7.2f}")
     print(f"{'host RSS growth / tensor bytes':32s} {'ratio':8s} {'':>10s} {'':>10s} {rss_ratio():7.2f} {1.1:7.2f}")
 
 

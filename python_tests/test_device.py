@@ -154,3 +154,33 @@ def test_host_blocks_of_kernel_outputs_are_kept_for_reuse_and_freed_by_empty_cac
     assert _C.device.kernel_host_cached_bytes() == 1 << 20
     torch.zion.empty_cache()
     assert _C.device.kernel_host_cached_bytes() == 0
+
+
+def test_spare_aliases_take_each_arguments_metadata_and_let_its_memory_go():
+    # An op's CPU aliases are kept after the call and made the next call's
+    # aliases (csrc/device/aten/tensor_alias.cpp): each must take its new
+    # argument's bytes, dtype, sizes, strides, offset and conj bit, and must
+    # not keep the old argument's memory.
+    torch.manual_seed(3)
+    base = torch.zeros(6, 5, dtype=torch.float64)
+    cases = [
+        torch.randn(4, 3),
+        torch.randn(2, 3, 5)[:, 1],  # an offset view
+        torch.randn(5, 4).t(),  # transposed strides
+        torch.arange(7, dtype=torch.int64),
+        base[2:, 1:4] + 1,
+        torch.randn(3, dtype=torch.complex64).conj(),  # conj bit
+        torch.ones(1),
+    ]
+    for _ in range(3):
+        for cpu in cases:
+            z = cpu.to("zion")
+            assert torch.equal((z + 1).cpu(), cpu + 1)
+            assert torch.equal((z * z).cpu(), cpu * cpu)
+            assert torch.equal(z.clone().cpu(), cpu.clone())
+    torch.zion.synchronize()
+    before = torch.zion.memory_allocated()
+    x = torch.ones(1 << 16, device="zion")  # 256 KiB
+    y = x + 1
+    del x, y
+    assert torch.zion.memory_allocated() == before

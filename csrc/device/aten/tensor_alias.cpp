@@ -18,8 +18,8 @@ void release_storage_ref(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
-// A resizable CPU storage over the bytes of a zion storage.
-c10::Storage alias_storage(const c10::Storage& zion, bool storage_less_ok = false) {
+// The bytes of a zion storage, for a CPU storage: they keep the zion storage alive.
+c10::DataPtr alias_bytes(const c10::Storage& zion, bool storage_less_ok) {
   c10::StorageImpl* impl = zion.unsafeGetStorageImpl();
   // A storage-less tensor (timing-only mode) has no bytes to alias: a kernel
   // that reaches here would read or write address zero.
@@ -27,10 +27,15 @@ c10::Storage alias_storage(const c10::Storage& zion, bool storage_less_ok = fals
   TORCH_CHECK(!storage_less || storage_less_ok, "zion timing-only: a kernel needs the bytes of a storage-less tensor (",
               impl->nbytes(), " bytes), which timing-only mode does not keep; this op has no timing-only rule");
   c10::raw::intrusive_ptr::incref(impl);
-  c10::DataPtr view(storage_less ? nullptr : zion.mutable_data(), impl, &release_storage_ref,
-                    c10::Device(c10::DeviceType::CPU));
+  return c10::DataPtr(storage_less ? nullptr : zion.mutable_data(), impl, &release_storage_ref,
+                      c10::Device(c10::DeviceType::CPU));
+}
+
+// A resizable CPU storage over the bytes of a zion storage.
+c10::Storage alias_storage(const c10::Storage& zion, bool storage_less_ok = false) {
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), zion.nbytes(),
-                                                            std::move(view), c10::GetCPUAllocator(), true));
+                                                            alias_bytes(zion, storage_less_ok), c10::GetCPUAllocator(),
+                                                            true));
 }
 
 at::Tensor tensor_over(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
@@ -48,6 +53,81 @@ c10::DataPtr take_bytes(c10::StorageImpl* cpu, c10::DeviceIndex device) {
   return allocator().adopt(device, std::move(bytes), nbytes);
 }
 
+// The dispatch keys of a fresh dense tensor of `type` outside inference mode.
+c10::DispatchKeySet fresh_keys(c10::DeviceType type) {
+  c10::InferenceMode normal(false);
+  return c10::make_intrusive<c10::TensorImpl>(c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, std::nullopt,
+                                                                                          c10::Device(type, 0))),
+                                              caffe2::TypeMeta::Make<float>(), c10::Device(type, 0))
+      ->key_set();
+}
+
+
+// Spare aliases: an op's CPU aliases are made and dropped on every call (a
+// TensorImpl, a StorageImpl and a version counter each), so an alias that
+// nothing holds after its call is kept, emptied, and made the next alias on
+// this thread. What it is then is exactly what a fresh alias would be: the
+// same storage bytes, nbytes, allocator and resizability, dtype, sizes,
+// strides, offset, conj and neg bits, and keys; an alias that anything could
+// have changed otherwise (a Python object, autograd metadata, a shared or
+// bumped version counter, other keys, backend metadata, its bytes replaced) is dropped.
+constexpr size_t kMaxSpareAliases = 8;
+
+std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spare_aliases() {
+  thread_local std::vector<c10::intrusive_ptr<c10::TensorImpl>> spares;
+  return spares;
+}
+
+// The keys of a fresh alias: a CPU tensor's, outside inference mode.
+const c10::DispatchKeySet& alias_keys() {
+  static const c10::DispatchKeySet keys = fresh_keys(c10::DeviceType::CPU);
+  return keys;
+}
+
+// `alias` (the last owner of it but the AliasSet's map of storages) as a spare, or dropped.
+void keep_spare(at::Tensor&& alias) {
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  if (alias.use_count() != 1 || alias.weak_use_count() != 1 || impl->key_set() != alias_keys() ||
+      impl->is_inference() || !impl->version_counter().unique() || impl->version_counter().current_version() != 0 ||
+      impl->autograd_meta() != nullptr || impl->pyobj_slot()->load_pyobj() != nullptr || impl->is_wrapped_number() ||
+      !impl->allow_tensor_metadata_change() || impl->get_backend_meta() != nullptr || impl->has_symbolic_sizes_strides() || !impl->has_storage()) {
+    return;
+  }
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  // Two owners: this alias and the AliasSet's map; no view of it outlives the call.
+  auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim(storage);  // looked at, not taken
+  const bool unique = owner.use_count() == 2 && owner.weak_use_count() == 1;
+  owner.release();
+  if (!unique || storage->data_ptr().get_deleter() != &release_storage_ref || !storage->resizable() ||
+      storage->pyobj_slot()->load_pyobj() != nullptr || storage->device_type() != c10::DeviceType::CPU) {
+    return;
+  }
+  auto& spares = spare_aliases();
+  if (spares.size() >= kMaxSpareAliases) return;
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));  // lets the zion storage go
+  storage->set_nbytes(0);
+  spares.push_back(alias.getIntrusivePtr());
+}
+
+// A spare alias made the alias of `zion_tensor`, or undefined if there is none.
+at::Tensor reuse_spare(const at::Tensor& zion_tensor) {
+  auto& spares = spare_aliases();
+  if (spares.empty() || c10::InferenceMode::is_enabled()) return at::Tensor();
+  at::Tensor alias(std::move(spares.back()));
+  spares.pop_back();
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  const c10::Storage& zion = zion_tensor.storage();
+  storage->set_data_ptr_noswap(alias_bytes(zion, false));
+  storage->set_nbytes(zion.nbytes());
+  storage->set_allocator(c10::GetCPUAllocator());
+  impl->set_storage_and_dtype(impl->storage(), zion_tensor.dtype());
+  impl->set_sizes_and_strides(zion_tensor.sizes(), zion_tensor.strides(), zion_tensor.storage_offset());
+  impl->_set_conj(zion_tensor.is_conj());
+  impl->_set_neg(zion_tensor.is_neg());
+  return alias;
+}
+
 }  // namespace
 
 c10::Storage* AliasSet::find(StorageMap& map, const c10::StorageImpl* key) {
@@ -61,12 +141,19 @@ at::Tensor AliasSet::alias(const at::Tensor& t) {
   c10::StorageImpl* zion = t.storage().unsafeGetStorageImpl();
   c10::Storage* a = find(alias_of_, zion);
   if (!a) {
-    c10::Storage fresh = alias_storage(t.storage());
+    at::Tensor spare = reuse_spare(t);
+    c10::Storage fresh = spare.defined() ? spare.storage() : alias_storage(t.storage());
     zion_of_.emplace_back(fresh.unsafeGetStorageImpl(), t.storage());
     alias_of_.emplace_back(zion, std::move(fresh));
-    a = &alias_of_.back().second;
+    at::Tensor alias = spare.defined() ? std::move(spare) : tensor_over(alias_of_.back().second, c10::DispatchKey::CPU, t);
+    made_.push_back(alias);
+    return alias;
   }
   return tensor_over(*a, c10::DispatchKey::CPU, t);
+}
+
+AliasSet::~AliasSet() {
+  for (at::Tensor& alias : made_) keep_spare(std::move(alias));
 }
 
 void AliasSet::commit() {
@@ -101,15 +188,6 @@ at::Tensor AliasSet::to_zion(const at::Tensor& out) {
 }
 
 namespace {
-
-// The dispatch keys of a fresh dense tensor of `type` outside inference mode.
-c10::DispatchKeySet fresh_keys(c10::DeviceType type) {
-  c10::InferenceMode normal(false);
-  return c10::make_intrusive<c10::TensorImpl>(c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, std::nullopt,
-                                                                                          c10::Device(type, 0))),
-                                              caffe2::TypeMeta::Make<float>(), c10::Device(type, 0))
-      ->key_set();
-}
 
 // Whether `t` (a CPU kernel's result) is a plain fresh buffer that nothing
 // else refers to: its TensorImpl and StorageImpl have no other owner, no

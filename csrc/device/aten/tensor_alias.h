@@ -23,6 +23,11 @@ class AliasSet {
   // `device` receives adopted buffers; unset until the caller knows it (set_device).
   AliasSet() = default;
   explicit AliasSet(c10::DeviceIndex device) : device_(device) {}
+  // Aliases that nothing else holds any more go back to this thread's spare
+  // aliases (their TensorImpl and StorageImpl, emptied), for the next call.
+  ~AliasSet();
+  AliasSet(const AliasSet&) = delete;
+  AliasSet& operator=(const AliasSet&) = delete;
 
   void set_device(c10::DeviceIndex device) { device_ = device; }
   // The CPU alias of a zion tensor.
@@ -51,6 +56,7 @@ class AliasSet {
   StorageMap alias_of_;  // zion storage -> alias storage
   StorageMap zion_of_;   // alias storage -> zion storage
   StorageMap adopted_;   // fresh CPU storage -> zion storage
+  c10::SmallVector<at::Tensor, 4> made_;  // the aliases alias() made over a fresh alias storage
 };
 
 // One alias, for kernels that read a zion tensor once (copies, scalars).
