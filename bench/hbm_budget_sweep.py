@@ -63,7 +63,7 @@ def main() -> int:
     rows = [run_one(b, args) for b in args.budgets.split(",")]
     print(f"DLRM --config {args.config}, {args.nproc} rank(s), platform {args.platform}, --table-placement auto")
     print("| HBM budget per rank | tables in HBM / DDR | modeled ms/iter | modeled samples/s | peak HBM per device (MiB) "
-          "| peak DDR per socket (MiB) | socket busy (ms, whole run) | PCIe MiB (whole run, incl. loading the tables) |")
+          "| peak DDR per socket (MiB) | socket busy (ms, whole run) | PCIe MiB (whole run) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         sps = f"{r['samples_per_s']:,.0f}" if r["samples_per_s"] else "-"
