@@ -218,3 +218,21 @@ def test_a_sparse_update_of_a_ddr_table_costs_its_rows_not_the_table():
             table.add_(grad)
         costs.append(sockets.counters(4)["busy_s"] - busy0)
     assert costs[0] > 0 and costs[1] == pytest.approx(costs[0], rel=1e-12)
+
+
+def test_an_op_that_raises_in_a_socket_scope_is_not_charged_and_warns_of_nothing():
+    r = run_python("""
+        import torch, zion_emu
+        from zion_emu import _C
+        x, out_of_range = torch.arange(10.0), torch.tensor([20])
+        with zion_emu.socket(0):
+            before = _C.device.host_time()
+            try:
+                x[out_of_range]
+            except IndexError as e:
+                print("raised", e)
+            print("charged", _C.device.host_time() - before)
+    """)
+    assert "raised index 20 is out of bounds" in r.stdout
+    assert "charged 0.0" in r.stdout
+    assert "RecordFunction callback" not in r.stderr, r.stderr

@@ -186,3 +186,35 @@ def test_real_mode_keeps_real_cpu_tensors_in_the_socket():
         print(type(t).__name__, sockets.socket_of(t), float(t.sum()))
     """, env={**os.environ, "ZION_MODE": "real"}).stdout
     assert "Tensor 1 1000.0" in out
+
+
+def test_a_socket_value_that_an_op_needs_is_a_clear_error_naming_the_op():
+    # As for a storage-less zion tensor: an index computed from storage-less
+    # floats, or an op whose result's shape depends on values, raise at once.
+    out = _timing("""
+        import torch, zion_emu
+        with zion_emu.socket(0):
+            x = torch.rand(10)
+            i = (x * 10).long()
+            weight = torch.rand(10, 4)
+            cases = {"index": lambda: x[i], "index_select": lambda: x.index_select(0, i),
+                     "embedding_bag": lambda: torch.nn.functional.embedding_bag(i, weight, torch.tensor([0])),
+                     "nonzero": lambda: x.nonzero(), "unique": lambda: i.unique()}
+            for name, f in cases.items():
+                try:
+                    f()
+                    print(name, "ran")
+                except RuntimeError as e:
+                    print(name, "|", str(e).split(";")[0].split(" (")[0])
+            real = x.index_select(0, torch.tensor([1, 2]))  # real indices: fine
+            print("real indices", type(real).__name__, list(real.shape))
+    """)
+    assert "index | zion timing-only: aten::index uses a storage-less torch.int64 socket tensor as its 'indices'" in out
+    assert "index_select | zion timing-only: aten::index_select uses a storage-less torch.int64 socket tensor as " \
+           "its 'index'" in out
+    assert "embedding_bag | zion timing-only: aten::_embedding_bag_forward_only uses a storage-less torch.int64 " \
+           "socket tensor as its 'indices'" in out
+    assert "nonzero | zion timing-only: aten::nonzero needs the values of a storage-less socket tensor" in out
+    assert "unique | zion timing-only: aten::_unique2 needs the values of a storage-less socket tensor" in out
+    assert "real indices SocketTensor [2]" in out
+    assert " ran" not in out

@@ -575,7 +575,36 @@ for _op in (aten._indices.default, aten.indices.default, aten._values.default, a
     _SPECIAL[_op] = _sparse_attribute
 
 
+# As zion's timing-only mode (csrc/device/aten/timing.cpp): arguments that need
+# real values, and ops whose result's shape depends on their input's values.
+_INDEX_ARGUMENTS = frozenset({"index", "indices", "offsets", "lengths", "repeats"})
+_DATA_DEPENDENT = frozenset({
+    "aten::nonzero", "aten::argwhere", "aten::masked_select", "aten::unique_consecutive", "aten::unique_dim",
+    "aten::_unique", "aten::_unique2", "aten::unique_dim_consecutive", "aten::repeat_interleave",
+    "aten::bincount", "aten::nonzero_numpy"})
+
+
+def _check_values_not_needed(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> None:
+    """A clear error where an op needs the values a socket tensor does not keep."""
+    if func._schema.name in _DATA_DEPENDENT:
+        raise RuntimeError(f"zion timing-only: {func._schema.name} needs the values of a storage-less socket tensor "
+                           "(the shape of its result depends on them), which timing-only mode does not keep. Integer "
+                           "and bool tensors made from real data (indices, offsets, lengths, masks) stay real; this "
+                           "one was computed from storage-less floats")
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name not in _INDEX_ARGUMENTS:
+            continue
+        value = kwargs.get(arg.name) if i >= len(args) else args[i]
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(t, SocketTensor) and not (t.dtype.is_floating_point or t.dtype.is_complex):
+                raise RuntimeError(f"zion timing-only: {func._schema.name} uses a storage-less {t.dtype} socket "
+                                   f"tensor as its '{arg.name}'; its values were computed from storage-less floats, "
+                                   "so they are not known in timing-only mode, and an index needs real values. "
+                                   "Compute indices from integer tensors (which stay real), or run in real mode")
+
+
 def _run(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    _check_values_not_needed(func, args, kwargs)
     handler = _SPECIAL.get(func)
     if handler is not None:
         return handler(func, args, kwargs)

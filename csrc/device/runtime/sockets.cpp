@@ -188,6 +188,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (socket < 0 || frame.transparent || frame.covered || (!frame.priced && frame.had_child)) return;
   auto name = fn.operator_name();
   if (!name) return;
+  if (fn.outputs().empty()) {
+    // An op that raised returns nothing: it did no work to charge.
+    auto op = c10::Dispatcher::singleton().findOp(*name);
+    if (op && !op->schema().returns().empty()) return;
+  }
   sim::OpCall call;
   call.name = full_name(*name);
   bool off_cpu = frame.off_cpu;
