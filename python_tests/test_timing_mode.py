@@ -89,6 +89,32 @@ def test_a_training_step_is_priced_and_accounted_as_in_real_mode():
     assert (timing["peak"], timing["now"]) == (real["peak"], real["now"])
 
 
+def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_prices():
+    # relu and log_sigmoid_forward (in binary_cross_entropy_with_logits) have
+    # C++ shape rules in timing-only mode; their results must be real mode's,
+    # also for an input that is not contiguous, where the Python Meta kernel's
+    # strides differ from the CPU kernel's.
+    code = """
+        import json, torch, zion_emu
+        out = {}
+        for name, x in [("contiguous", torch.empty(6, 5, device="zion").uniform_()),
+                        ("transposed", torch.empty(5, 6, device="zion").uniform_().t())]:
+            r = torch.relu(x)
+            o, b = torch.ops.aten.log_sigmoid_forward(x)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(x, torch.zeros(6, 5, device="zion"))
+            out[name] = [[list(t.shape), list(t.stride()), t.untyped_storage().nbytes(), str(t.dtype)]
+                         for t in (r, o, b, loss)]
+        torch.zion.synchronize()
+        out["clock"] = zion_emu.clock()
+        out["priced"] = zion_emu._C.device.priced_ops()
+        print(json.dumps(out))
+    """
+    real = _last_json(_run(code, "real").stdout)
+    timing = _last_json(_run(code, "timing").stdout)
+    assert timing["transposed"][1][1] == [5, 1]  # the CPU kernel's contiguous result
+    assert timing == real
+
+
 def test_embedding_bag_offsets_give_the_real_integer_results():
     done = _run("""
         import torch, zion_emu

@@ -487,6 +487,27 @@ bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::
   return false;
 }
 
+// Ops of a training step whose Meta kernels are Python (torch._refs and
+// torch._decomp, 50-100 us a call, several times the op's own pricing), with
+// their CPU kernels' shape rules in C++ instead. The arguments are already
+// meta tensors; true if the rule ran.
+bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::string& name = schema.name();
+  if (!schema.overload_name().empty() || (name != "aten::relu" && name != "aten::log_sigmoid_forward")) return false;
+  const size_t num_args = schema.arguments().size();
+  const at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
+  torch::jit::drop(*stack, num_args);
+  if (name == "aten::relu") {
+    // The CPU kernel is clamp_min(self, 0), whose Meta kernel is C++.
+    stack->emplace_back(at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self, 0));
+  } else {
+    // log_sigmoid_forward, which binary_cross_entropy_with_logits calls: the
+    // CPU kernel returns the result and its buffer contiguous, each of self's shape.
+    for (int i = 0; i < 2; ++i) stack->emplace_back(at::empty(self.sizes(), self.options()));
+  }
+  return true;
+}
+
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (is_embedding_bag_family(schema.name())) {
@@ -511,13 +532,7 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = call.convert(std::move(v));
   }
   if (call.device < 0) call.device = current_device();
-  if (schema.name() == "aten::relu" && schema.overload_name().empty()) {
-    // relu's Meta kernel is Python (torch._refs, ~100 us a call); its CPU
-    // kernel is clamp_min(self, 0), whose Meta kernel is C++.
-    at::Tensor out = at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), args[0].toTensor(), 0);
-    torch::jit::drop(*stack, num_args);
-    stack->emplace_back(std::move(out));
-  } else {
+  if (!run_cpu_shape_rule(schema, stack)) {
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
     } catch (const c10::NotImplementedError& e) {
