@@ -13,8 +13,14 @@ loop after its first iteration (warm-up: Meta kernels' first calls):
   (the bench says so, or prints MISMATCH).
 
 Both modes see the same batches and the same weights' shapes; only real mode
-computes values. A second table gives the wall time of one call of single ops
-in each mode.
+computes values. Each row also gives the rate over the step alone: the
+example makes each batch's synthetic indices on the training thread
+(SyntheticData.batch), which a real input pipeline does in data-loader
+workers, so that time is measured and set apart. A third row runs the same
+script in plain CPU eager PyTorch (`--device cpu`, no emulator): the same ops,
+counted as the zion runs count them, at the rate eager PyTorch itself issues
+them on this machine. A second table gives the wall time of one call of
+single ops in each mode.
 """
 
 from __future__ import annotations
@@ -39,16 +45,28 @@ from zion_emu import _C
 args = dlrm.parse_args(json.loads(sys.argv[2]) + ["--no-progress"])
 run = dlrm.setup(args)
 marks = []
+data_s = [0.0]
+make_batch = run.data.batch
+def timed_batch(i):
+    t = time.perf_counter()
+    try:
+        return make_batch(i)
+    finally:
+        data_s[0] += time.perf_counter() - t
+run.data.batch = timed_batch
 def emit(line):
     if line.startswith("iter "):
-        marks.append((time.perf_counter(), _C.device.priced_ops()))
+        marks.append((time.perf_counter(), _C.device.priced_ops(), data_s[0]))
 summary = dlrm.train(run, emit)
-(t0, ops0), (t1, ops1) = marks[0], marks[-1]
+(t0, ops0, d0), (t1, ops1, d1) = marks[0], marks[-1]
 steps = len(marks) - 1
+zion = args.device == "zion"
 print(json.dumps({
-    "mode": zion_emu.mode(), "ops_per_s": (ops1 - ops0) / (t1 - t0), "ops_per_step": (ops1 - ops0) / steps,
-    "wall_ms_per_step": 1e3 * (t1 - t0) / steps, "modeled_ms_per_iter": summary["modeled_ms_per_iter"],
-    "peak_hbm": torch.zion.max_memory_allocated(0),
+    "mode": zion_emu.mode() if zion else "cpu eager", "ops_per_s": (ops1 - ops0) / (t1 - t0),
+    "ops_per_step": (ops1 - ops0) / steps, "wall_ms_per_step": 1e3 * (t1 - t0) / steps,
+    "data_ms_per_step": 1e3 * (d1 - d0) / steps,
+    "modeled_ms_per_iter": summary.get("modeled_ms_per_iter"),
+    "peak_hbm": torch.zion.max_memory_allocated(0) if zion else None,
     "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -85,8 +103,11 @@ def op_costs(mode: str) -> dict:
 
 
 def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
-    argv = ["--config", config, "--device", "zion", "--num-batches", str(num_batches), "--print-freq", "1", *extra]
-    env = dict(os.environ, ZION_MODE=mode, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    """mode: "real" or "timing" (zion), or "cpu" (the same script in CPU eager PyTorch)."""
+    device = "cpu" if mode == "cpu" else "zion"
+    argv = ["--config", config, "--device", device, "--num-batches", str(num_batches), "--print-freq", "1", *extra]
+    env = dict(os.environ, ZION_MODE="real" if mode == "cpu" else mode,
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", _CHILD, str(EXAMPLE), json.dumps(argv)],
                           capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
@@ -96,24 +117,33 @@ def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default="small,mlperf", help="comma-separated example configs (mlperf at its 1M-row cap)")
+    p.add_argument("--configs", default="tiny,small,mlperf", help="comma-separated example configs (mlperf at its 1M-row cap)")
     p.add_argument("--num-batches", type=int, default=4, help="iterations per run (the first is warm-up)")
     p.add_argument("--example-args", default="", help="more arguments for the example, e.g. '--max-rows 200000'")
     a = p.parse_args()
     extra = a.example_args.split()
     print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed); nproc {os.cpu_count()}")
-    print("| config | mode | priced ops/s | ops/step | wall ms/step | peak RSS MiB | modeled ms/iter | peak HBM bytes |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| config | mode | priced ops/s | ops/s of the step alone | ops/step | wall ms/step | of it, making the batch "
+          "| peak RSS MiB | modeled ms/iter | peak HBM bytes |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in a.configs.split(","):
-        rows = {mode: measure(config, mode, extra, a.num_batches) for mode in ("real", "timing")}
+        rows = {mode: measure(config, mode, extra, a.num_batches) for mode in ("real", "timing", "cpu")}
+        ops = rows["timing"]["ops_per_step"]  # CPU eager runs the same ops; nothing prices them there
         for mode, r in rows.items():
-            print(f"| {config} | {mode} | {r['ops_per_s']:,.0f} | {r['ops_per_step']:,.0f} | {r['wall_ms_per_step']:.1f} "
-                  f"| {r['rss_mib']:,.0f} | {r['modeled_ms_per_iter']:.6f} | {r['peak_hbm']:,} |")
-        real, timing = rows["real"], rows["timing"]
+            wall, data = r["wall_ms_per_step"], r["data_ms_per_step"]
+            modeled = "-" if r["modeled_ms_per_iter"] is None else f"{r['modeled_ms_per_iter']:.6f}"
+            peak = "-" if r["peak_hbm"] is None else f"{r['peak_hbm']:,}"
+            print(f"| {config} | {r['mode']} | {ops / wall * 1e3:,.0f} | {ops / (wall - data) * 1e3:,.0f} | {ops:,.0f} "
+                  f"| {wall:.2f} | {data:.2f} | {r['rss_mib']:,.0f} | {modeled} | {peak} |")
+        real, timing, cpu = rows["real"], rows["timing"], rows["cpu"]
         same = (real["modeled_ms_per_iter"] == timing["modeled_ms_per_iter"] and real["peak_hbm"] == timing["peak_hbm"])
-        print(f"| {config} | timing / real | {timing['ops_per_s'] / real['ops_per_s']:.2f}x | | "
-              f"{timing['wall_ms_per_step'] / real['wall_ms_per_step']:.2f}x | "
-              f"{timing['rss_mib'] / real['rss_mib']:.2f}x | {'equal' if same else 'MISMATCH'} | |")
+        alone = {mode: r["wall_ms_per_step"] - r["data_ms_per_step"] for mode, r in rows.items()}
+        print(f"| {config} | timing / real | {real['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
+              f"| {alone['real'] / alone['timing']:.2f}x | | {timing['wall_ms_per_step'] / real['wall_ms_per_step']:.2f}x | "
+              f"| {timing['rss_mib'] / real['rss_mib']:.2f}x | {'equal' if same else 'MISMATCH'} | |")
+        print(f"| {config} | timing / cpu eager | {cpu['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
+              f"| {alone['cpu'] / alone['timing']:.2f}x | | {timing['wall_ms_per_step'] / cpu['wall_ms_per_step']:.2f}x | "
+              f"| {timing['rss_mib'] / cpu['rss_mib']:.2f}x | | |")
     print()
     print("| op (one call, from Python) | real us | timing-only us | timing / real |")
     print("|---|---:|---:|---:|")
