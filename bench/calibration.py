@@ -3,7 +3,8 @@
     python bench/calibration.py             # prints a markdown table per machine
     python bench/calibration.py --channels  # also: the channels NCCL launches per size
 
-Published rows: bench/reference/nccl_tests_published.json (each with its source).
+Published rows: bench/reference/nccl_tests_published.json (each with its source;
+a run's "platform" names the preset that models its machine, else its key does).
 Three models side by side: "before" is the topology model (collectives.nccl_tuner
 off: the sim's algorithms on the preset's links, no protocols); "tuner" is
 NCCL's own tuning model (the presets' default, collectives.nccl_tuner.time_model
@@ -104,10 +105,11 @@ def main() -> None:
     args = parser.parse_args()
     published = json.loads(REFERENCE.read_text())
     for name, ref in published.items():
+        preset = ref.get("platform", name)  # a run named otherwise says which preset models its machine
         models = {
-            "before": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.enabled": False}),
-            "tuner": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.time_model": "tuner"}),
-            "pipeline": zion_emu.load_platform(name, overrides={"collectives.nccl_tuner.time_model": "pipeline"}),
+            "before": zion_emu.load_platform(preset, overrides={"collectives.nccl_tuner.enabled": False}),
+            "tuner": zion_emu.load_platform(preset, overrides={"collectives.nccl_tuner.time_model": "tuner"}),
+            "pipeline": zion_emu.load_platform(preset, overrides={"collectives.nccl_tuner.time_model": "pipeline"}),
         }
         print(f"\n### {name} all_reduce, 8 ranks — published: {ref['source']}\n")
         print("| size (B) | published (us) | before (us) | error | tuner (us) | error | pipeline (us) | error | "
@@ -129,7 +131,7 @@ def main() -> None:
         for m in models:
             print(_summary(m, ratios[m]))
         if args.channels:
-            _channels(name, ref)
+            _channels(preset, ref)
 
 
 if __name__ == "__main__":
