@@ -27,6 +27,17 @@ def test_all_reduce_busbw_within_10_percent_of_nccl_tests(name, size, published_
     assert r.busbw / 1e9 == pytest.approx(published_gbps, rel=0.10)
 
 
+@pytest.mark.parametrize("op,algo", [("all_to_all", "auto"), ("all_gather", "auto"), ("reduce_scatter", "auto"),
+                                     ("all_reduce", "ring")])
+def test_h100_non_nvls_collectives_reach_nccls_effective_nvlink_bandwidth(op, algo):
+    # NCCL's maintainer on 8x H100 (NVIDIA/nccl-tests#212, 2024-05-06): 450 GB/s is
+    # the line rate; with the protocol overhead (~20%) NCCL reaches an effective
+    # 370 GB/s, seen as busbw for the non-allreduce operations or for all_reduce
+    # with NCCL_ALGO=RING. A figure, not a table: checked at 8 GiB, within 10%.
+    r = sim.collective(zion_emu.load_platform("hgx-h100"), op, 8 * GIB, 8, algo=algo)
+    assert r.busbw / 1e9 == pytest.approx(370, rel=0.10)
+
+
 def test_h100_reaches_its_figure_only_through_in_switch_reduction():
     p = zion_emu.load_platform("hgx-h100")
     assert sim.collective(p, "all_reduce", 8 * GIB, 8).algorithm == "in_switch"
