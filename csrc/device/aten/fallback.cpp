@@ -246,19 +246,11 @@ class DeviceScope {
   c10::DeviceIndex previous_;
 };
 
-// The pricing takes std::vectors: per-thread ones, reused, so steady state allocates nothing.
-std::vector<at::Tensor>& priced_outputs() {
-  thread_local std::vector<at::Tensor> outputs;
-  outputs.clear();
-  return outputs;
-}
+// The tensors an op returns, for pricing: on the stack, nothing allocated for up to four.
+using PricedOutputs = c10::SmallVector<at::Tensor, 4>;
 
-void charge_call(const c10::OperatorHandle& op, Call& call, std::vector<at::Tensor>& outputs) {
-  thread_local std::vector<at::Tensor> inputs;
-  inputs.assign(std::make_move_iterator(call.inputs.begin()), std::make_move_iterator(call.inputs.end()));
-  charge_op(op, call.device, inputs, outputs);
-  inputs.clear();
-  outputs.clear();
+void charge_call(const c10::OperatorHandle& op, Call& call, c10::ArrayRef<at::Tensor> outputs) {
+  charge_op(op, call.device, call.inputs, outputs);
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -314,7 +306,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  std::vector<at::Tensor>& outputs = priced_outputs();
+  PricedOutputs outputs;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
     if (it->isTensor()) outputs.push_back(it->toTensor());
   }
@@ -408,12 +400,12 @@ struct Plain {
 template <class R>
 struct Ret {  // not a tensor
   static R back(Call&, R r) { return r; }
-  static void outputs(const R&, std::vector<at::Tensor>&) {}
+  static void outputs(const R&, PricedOutputs&) {}
 };
 template <>
 struct Ret<at::Tensor> {
   static at::Tensor back(Call& c, at::Tensor r) { return c.result(std::move(r)); }
-  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+  static void outputs(const at::Tensor& r, PricedOutputs& out) { out.push_back(r); }
 };
 template <>
 struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable arguments
@@ -427,7 +419,7 @@ struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable argu
     TORCH_INTERNAL_ASSERT(false, "zion: the CPU kernel of ", c.op.schema().name(),
                           " returned an argument that is not a mutable one");
   }
-  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+  static void outputs(const at::Tensor& r, PricedOutputs& out) { out.push_back(r); }
 };
 template <class... T>
 struct Ret<std::tuple<T...>> {
@@ -436,7 +428,7 @@ struct Ret<std::tuple<T...>> {
     // Braced: the results are converted in order, as the fallback does.
     return std::apply([&](auto&... t) { return std::tuple<T...>{c.result(std::move(t))...}; }, r);
   }
-  static void outputs(const std::tuple<T...>& r, std::vector<at::Tensor>& out) {
+  static void outputs(const std::tuple<T...>& r, PricedOutputs& out) {
     std::apply([&](const auto&... t) { (out.push_back(t), ...); }, r);
   }
 };
@@ -488,7 +480,7 @@ struct Fast<Op, R(Args...)> {
         }
         finish_arguments<I...>(call, held);
       }
-      charge_call(call.op, call, priced_outputs());
+      charge_call(call.op, call, {});
     } else {
       DeviceScope scope(call.device);
       R cpu = [&]() -> R {
@@ -503,7 +495,7 @@ struct Fast<Op, R(Args...)> {
           return Ret<R>::back(call, std::forward<R>(cpu));
         }
       }();
-      std::vector<at::Tensor>& outputs = priced_outputs();
+      PricedOutputs outputs;
       Ret<std::decay_t<R>>::outputs(zion, outputs);
       charge_call(call.op, call, outputs);
       return std::forward<R>(zion);
