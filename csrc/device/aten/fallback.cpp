@@ -507,6 +507,7 @@ struct Fast<Op, R(Args...)> {
   template <size_t... I>
   static void finish_arguments(Call& call, std::tuple<typename Arg<Args>::Held...>& held) {
     call.aliases.commit();
+    if (call.facts.written_args.empty()) return;  // a functional op: no argument takes new metadata
     (write_back<I>(call, std::get<I>(held)), ...);
   }
 
