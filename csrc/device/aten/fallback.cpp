@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <iterator>
 #include <tuple>
@@ -396,16 +397,16 @@ struct Plain {
   }
 };
 
-// How the CPU kernel's result comes back; outputs() lists it for pricing.
+// How the CPU kernel's result comes back; charge() prices the op with it as its outputs.
 template <class R>
 struct Ret {  // not a tensor
   static R back(Call&, R r) { return r; }
-  static void outputs(const R&, PricedOutputs&) {}
+  static void charge(Call& c, const R&) { charge_call(c.op, c, {}); }
 };
 template <>
 struct Ret<at::Tensor> {
   static at::Tensor back(Call& c, at::Tensor r) { return c.result(std::move(r)); }
-  static void outputs(const at::Tensor& r, PricedOutputs& out) { out.push_back(r); }
+  static void charge(Call& c, const at::Tensor& r) { charge_call(c.op, c, r); }
 };
 template <>
 struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable arguments
@@ -419,7 +420,7 @@ struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable argu
     TORCH_INTERNAL_ASSERT(false, "zion: the CPU kernel of ", c.op.schema().name(),
                           " returned an argument that is not a mutable one");
   }
-  static void outputs(const at::Tensor& r, PricedOutputs& out) { out.push_back(r); }
+  static void charge(Call& c, const at::Tensor& r) { charge_call(c.op, c, r); }
 };
 template <class... T>
 struct Ret<std::tuple<T...>> {
@@ -428,8 +429,8 @@ struct Ret<std::tuple<T...>> {
     // Braced: the results are converted in order, as the fallback does.
     return std::apply([&](auto&... t) { return std::tuple<T...>{c.result(std::move(t))...}; }, r);
   }
-  static void outputs(const std::tuple<T...>& r, PricedOutputs& out) {
-    std::apply([&](const auto&... t) { (out.push_back(t), ...); }, r);
+  static void charge(Call& c, const std::tuple<T...>& r) {
+    std::apply([&](const auto&... t) { charge_call(c.op, c, std::array<at::Tensor, sizeof...(T)>{t...}); }, r);
   }
 };
 
@@ -495,9 +496,7 @@ struct Fast<Op, R(Args...)> {
           return Ret<R>::back(call, std::forward<R>(cpu));
         }
       }();
-      PricedOutputs outputs;
-      Ret<std::decay_t<R>>::outputs(zion, outputs);
-      charge_call(call.op, call, outputs);
+      Ret<R>::charge(call, zion);
       return std::forward<R>(zion);
     }
   }
