@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <iterator>
 #include <tuple>
@@ -246,19 +247,11 @@ class DeviceScope {
   c10::DeviceIndex previous_;
 };
 
-// The pricing takes std::vectors: per-thread ones, reused, so steady state allocates nothing.
-std::vector<at::Tensor>& priced_outputs() {
-  thread_local std::vector<at::Tensor> outputs;
-  outputs.clear();
-  return outputs;
-}
+// The tensors an op returns, for pricing: on the stack, nothing allocated for up to four.
+using PricedOutputs = c10::SmallVector<at::Tensor, 4>;
 
-void charge_call(const c10::OperatorHandle& op, Call& call, std::vector<at::Tensor>& outputs) {
-  thread_local std::vector<at::Tensor> inputs;
-  inputs.assign(std::make_move_iterator(call.inputs.begin()), std::make_move_iterator(call.inputs.end()));
-  charge_op(op, call.device, inputs, outputs);
-  inputs.clear();
-  outputs.clear();
+void charge_call(const c10::OperatorHandle& op, Call& call, c10::ArrayRef<at::Tensor> outputs) {
+  charge_op(op, call.device, call.inputs, outputs);
 }
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -314,7 +307,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  std::vector<at::Tensor>& outputs = priced_outputs();
+  PricedOutputs outputs;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
     if (it->isTensor()) outputs.push_back(it->toTensor());
   }
@@ -404,16 +397,16 @@ struct Plain {
   }
 };
 
-// How the CPU kernel's result comes back; outputs() lists it for pricing.
+// How the CPU kernel's result comes back; charge() prices the op with it as its outputs.
 template <class R>
 struct Ret {  // not a tensor
   static R back(Call&, R r) { return r; }
-  static void outputs(const R&, std::vector<at::Tensor>&) {}
+  static void charge(Call& c, const R&) { charge_call(c.op, c, {}); }
 };
 template <>
 struct Ret<at::Tensor> {
   static at::Tensor back(Call& c, at::Tensor r) { return c.result(std::move(r)); }
-  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+  static void charge(Call& c, const at::Tensor& r) { charge_call(c.op, c, r); }
 };
 template <>
 struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable arguments
@@ -427,7 +420,7 @@ struct Ret<at::Tensor&> {  // in place or out=: one of the caller's mutable argu
     TORCH_INTERNAL_ASSERT(false, "zion: the CPU kernel of ", c.op.schema().name(),
                           " returned an argument that is not a mutable one");
   }
-  static void outputs(const at::Tensor& r, std::vector<at::Tensor>& out) { out.push_back(r); }
+  static void charge(Call& c, const at::Tensor& r) { charge_call(c.op, c, r); }
 };
 template <class... T>
 struct Ret<std::tuple<T...>> {
@@ -436,8 +429,8 @@ struct Ret<std::tuple<T...>> {
     // Braced: the results are converted in order, as the fallback does.
     return std::apply([&](auto&... t) { return std::tuple<T...>{c.result(std::move(t))...}; }, r);
   }
-  static void outputs(const std::tuple<T...>& r, std::vector<at::Tensor>& out) {
-    std::apply([&](const auto&... t) { (out.push_back(t), ...); }, r);
+  static void charge(Call& c, const std::tuple<T...>& r) {
+    std::apply([&](const auto&... t) { charge_call(c.op, c, std::array<at::Tensor, sizeof...(T)>{t...}); }, r);
   }
 };
 
@@ -488,7 +481,7 @@ struct Fast<Op, R(Args...)> {
         }
         finish_arguments<I...>(call, held);
       }
-      charge_call(call.op, call, priced_outputs());
+      charge_call(call.op, call, {});
     } else {
       DeviceScope scope(call.device);
       R cpu = [&]() -> R {
@@ -503,9 +496,7 @@ struct Fast<Op, R(Args...)> {
           return Ret<R>::back(call, std::forward<R>(cpu));
         }
       }();
-      std::vector<at::Tensor>& outputs = priced_outputs();
-      Ret<std::decay_t<R>>::outputs(zion, outputs);
-      charge_call(call.op, call, outputs);
+      Ret<R>::charge(call, zion);
       return std::forward<R>(zion);
     }
   }
@@ -515,6 +506,7 @@ struct Fast<Op, R(Args...)> {
   template <size_t... I>
   static void finish_arguments(Call& call, std::tuple<typename Arg<Args>::Held...>& held) {
     call.aliases.commit();
+    if (call.facts.written_args.empty()) return;  // a functional op: no argument takes new metadata
     (write_back<I>(call, std::get<I>(held)), ...);
   }
 

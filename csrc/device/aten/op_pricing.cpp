@@ -15,7 +15,7 @@ namespace zion::device {
 namespace {
 
 // Fills `out` from `tensors`, reusing the vectors' capacity.
-void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDesc>& out) {
+void describe(c10::ArrayRef<at::Tensor> tensors, std::vector<sim::TensorDesc>& out) {
   size_t n = 0;
   for (const auto& t : tensors) n += t.defined() ? 1 : 0;
   out.resize(n);
@@ -36,30 +36,132 @@ void describe(const std::vector<at::Tensor>& tensors, std::vector<sim::TensorDes
   }
 }
 
-std::atomic<int64_t> g_priced_ops{0};
+// What describe() and the int_args give a formula of one call: the scalar
+// type and sizes of each defined tensor, in order, and the int_args. A
+// built-in formula reads nothing else of the call but the operator's name
+// (sim::OpCostModel::Formula), and strides, offsets and values never reach
+// it; so two calls of one operator with equal shapes, priced by the same
+// model under the same precision settings, cost the same. Sparse tensors
+// (described by their values and indices) are not kept.
+class PricedShapes {
+ public:
+  // Remembers the call's shapes; false, and nothing remembered, if a tensor is sparse.
+  bool remember(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+                c10::ArrayRef<int64_t> int_args) {
+    words_.clear();
+    if (!append(inputs) || !append(outputs)) {
+      words_.clear();
+      return false;
+    }
+    words_.insert(words_.end(), int_args.begin(), int_args.end());
+    return true;
+  }
+  void forget() { words_.clear(); }
 
-struct Priced {
-  std::string name;
-  sim::OpCostModel::FormulaRef formula;
-  const sim::OpCostModel* model = nullptr;  // set_platform makes a new model
-  uint64_t generation = ~uint64_t{0};
-  int label = -1;  // the operator's name on the timeline's spans
+  bool same(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+            c10::ArrayRef<int64_t> int_args) const {
+    if (words_.empty()) return false;
+    size_t at = 0;
+    return same(inputs, at) && same(outputs, at) && words_.size() - at == int_args.size() &&
+           std::equal(int_args.begin(), int_args.end(), words_.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+
+ private:
+  // Per defined tensor: its scalar type, its dim, its sizes; kEndOfList after each list.
+  static constexpr int64_t kEndOfList = -1;
+
+  bool append(c10::ArrayRef<at::Tensor> tensors) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined()) continue;
+      if (t.is_sparse()) return false;
+      words_.push_back(static_cast<int64_t>(t.scalar_type()));
+      words_.push_back(t.dim());
+      words_.insert(words_.end(), t.sizes().begin(), t.sizes().end());
+    }
+    words_.push_back(kEndOfList);
+    return true;
+  }
+
+  bool same(c10::ArrayRef<at::Tensor> tensors, size_t& at) const {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined()) continue;
+      if (t.is_sparse()) return false;
+      const c10::IntArrayRef sizes = t.sizes();
+      if (words_.size() - at < 2 + sizes.size() || words_[at] != static_cast<int64_t>(t.scalar_type()) ||
+          words_[at + 1] != static_cast<int64_t>(sizes.size()) ||
+          !std::equal(sizes.begin(), sizes.end(), words_.begin() + static_cast<std::ptrdiff_t>(at + 2))) {
+        return false;
+      }
+      at += 2 + sizes.size();
+    }
+    return at < words_.size() && words_[at++] == kEndOfList;
+  }
+
+  std::vector<int64_t> words_;
 };
+
+std::atomic<int64_t> g_priced_ops{0};
 
 // The precisions the script allows float32 matmuls and convolutions, read as
 // CUDA reads them: torch.set_float32_matmul_precision("high") or
 // torch.backends.cuda.matmul.allow_tf32 / .fp32_precision = "tf32" -> TF32,
 // "medium" -> bf16; torch.backends.cudnn.allow_tf32 / .conv.fp32_precision
 // (TF32 unless turned off) for convolutions.
-void read_fp32_precision(sim::OpCall& call) {
+struct Fp32Precision {
+  sim::DType matmul = sim::DType::kFp32;
+  sim::DType convolution = sim::DType::kFp32;
+  bool operator==(const Fp32Precision& o) const { return matmul == o.matmul && convolution == o.convolution; }
+};
+
+Fp32Precision read_fp32_precision() {
   at::Context& ctx = at::globalContext();
-  call.fp32_matmul = ctx.allowTF32CuBLAS() ? sim::DType::kTf32 : sim::DType::kFp32;
+  Fp32Precision p;
+  p.matmul = ctx.allowTF32CuBLAS() ? sim::DType::kTf32 : sim::DType::kFp32;
   try {
-    if (ctx.float32MatmulPrecision() == at::Float32MatmulPrecision::MEDIUM) call.fp32_matmul = sim::DType::kBf16;
+    if (ctx.float32MatmulPrecision() == at::Float32MatmulPrecision::MEDIUM) p.matmul = sim::DType::kBf16;
   } catch (const c10::Error&) {
     // Legacy and per-backend precision APIs mixed: torch has no single answer; the cuBLAS flag stands.
   }
-  call.fp32_convolution = ctx.allowTF32CuDNN(at::Float32Op::CONV) ? sim::DType::kTf32 : sim::DType::kFp32;
+  p.convolution = ctx.allowTF32CuDNN(at::Float32Op::CONV) ? sim::DType::kTf32 : sim::DType::kFp32;
+  return p;
+}
+
+void set_fp32_precision(sim::OpCall& call, const Fp32Precision& p) {
+  call.fp32_matmul = p.matmul;
+  call.fp32_convolution = p.convolution;
+}
+
+// Only matmul-class ops and convolutions are priced by the precision settings.
+bool priced_by_precision(sim::OpClass c) { return c == sim::OpClass::kMatmul || c == sim::OpClass::kConvolution; }
+
+// An op's cost, and what the fp32 matmul counters need to know of its call.
+struct Price {
+  sim::OpCost cost;
+  bool fp32_operands = false;  // sim::compute_dtype(call) is fp32
+  Fp32Precision precision;     // read for it (matmul-class ops, convolutions, registered formulas)
+};
+
+// Prices `call`, whose name, inputs, outputs and int_args are filled in.
+Price price(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula) {
+  // rt.cost->cost(call, formula) in two halves: the precision settings take
+  // several hash lookups to read, and only matmul-class ops and convolutions
+  // are priced by them, so they are read for those (and before a registered
+  // formula, which may look at them).
+  Price p;
+  const bool registered = formula && !formula->builtin;
+  if (registered) {
+    p.precision = read_fp32_precision();
+    set_fp32_precision(call, p.precision);
+  }
+  const sim::OpWork work = rt.cost->work(call, formula);
+  if (!registered && priced_by_precision(work.op_class)) {
+    p.precision = read_fp32_precision();
+    set_fp32_precision(call, p.precision);
+  }
+  p.cost = rt.cost->price(work, sim::compute_dtype(call, work.op_class), call.name);
+  p.cost.guessed = formula == nullptr;
+  p.fp32_operands = sim::compute_dtype(call) == sim::DType::kFp32;
+  return p;
 }
 
 // The last float32 matmul-class op or convolution priced in this process:
@@ -80,12 +182,9 @@ void count_fp32_matmul(const sim::OpCost& cost) {
   it->device_s += cost.device_time;
 }
 
-void note_fp32_matmul(Runtime& rt, const sim::OpCall& call, const sim::OpCost& cost, int label) {
-  const sim::OpClass c = cost.work.op_class;
-  if ((c != sim::OpClass::kMatmul && c != sim::OpClass::kConvolution) || sim::compute_dtype(call) != sim::DType::kFp32 ||
-      cost.work.flops <= 0) {
-    return;
-  }
+void note_fp32_matmul(Runtime& rt, const Price& p, int label) {
+  const sim::OpCost& cost = p.cost;
+  if (!priced_by_precision(cost.work.op_class) || !p.fp32_operands || cost.work.flops <= 0) return;
   count_fp32_matmul(cost);
   last_fp32_matmul.store((static_cast<uint64_t>(static_cast<uint32_t>(label)) << 32) |
                              (static_cast<uint64_t>(cost.requested_dtype) << 8) |
@@ -98,28 +197,47 @@ void note_fp32_matmul(Runtime& rt, const sim::OpCall& call, const sim::OpCost& c
   }
 }
 
-void charge(Runtime& rt, sim::OpCall& call, const sim::OpCostModel::FormulaRef& formula, int label,
-            c10::DeviceIndex device, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
-  g_priced_ops.fetch_add(1, std::memory_order_relaxed);
-  describe(inputs, call.inputs);
-  describe(outputs, call.outputs);
-  // rt.cost->cost(call, formula) in two halves: the precision settings take
-  // several hash lookups to read, and only matmul-class ops and convolutions
-  // are priced by them, so they are read for those (and before a registered
-  // formula, which may look at them).
-  const bool registered = formula && !formula->builtin;
-  if (registered) read_fp32_precision(call);
-  const sim::OpWork work = rt.cost->work(call, formula);
-  if (!registered && (work.op_class == sim::OpClass::kMatmul || work.op_class == sim::OpClass::kConvolution)) {
-    read_fp32_precision(call);
-  }
-  sim::OpCost cost = rt.cost->price(work, sim::compute_dtype(call, work.op_class), call.name);
-  cost.guessed = formula == nullptr;
-  note_fp32_matmul(rt, call, cost, label);
+// Charges a priced op to the device's current stream.
+void launch(Runtime& rt, const Price& p, int label, c10::DeviceIndex device, const std::string& name) {
+  note_fp32_matmul(rt, p, label);
+  const sim::OpCost& cost = p.cost;
   int stream = static_cast<int>(current_stream(device).id());
   rt.timeline.launch_op(device, stream, cost.launch_overhead, cost.device_time, label, cost.work.flops,
                         cost.work.bytes + cost.work.gathered_bytes, cost.guessed);
-  if (cost.guessed) rt.note_guessed(device, call.name);
+  if (cost.guessed) rt.note_guessed(device, name);
+}
+
+// One operator, as this thread prices it: its name and formula, looked up
+// once per model and formula table, and its last price (see PricedShapes).
+struct PricedOp {
+  std::string name;
+  sim::OpCostModel::FormulaRef formula;
+  // set_platform makes a new model (the old one is never freed, so its address is not reused)
+  const sim::OpCostModel* model = nullptr;
+  uint64_t generation = ~uint64_t{0};
+  int label = -1;  // the operator's name on the timeline's spans
+  PricedShapes last_shapes;
+  Price last;
+};
+
+// This thread's pricing state: no lock on the hot path.
+struct ThreadPricing {
+  // Keyed by the operator's schema, which lives as long as the operator is registered.
+  std::unordered_map<const void*, PricedOp> ops;
+  sim::OpCall call;  // reused, so steady state allocates nothing
+};
+
+ThreadPricing& thread_pricing() {
+  thread_local ThreadPricing state;
+  return state;
+}
+
+// Whether `op`'s last price stands for this call.
+bool last_price_holds(const PricedOp& op, c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+                      c10::ArrayRef<int64_t> int_args) {
+  if (!op.last_shapes.same(inputs, outputs, int_args)) return false;
+  // The settings may have changed since: read them again where they price the op.
+  return !priced_by_precision(op.last.cost.work.op_class) || read_fp32_precision() == op.last.precision;
 }
 
 }  // namespace
@@ -140,15 +258,13 @@ std::vector<Fp32MatmulCount> fp32_matmul_counts() {
   return g_fp32_counts;
 }
 
-void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args) {
+void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
+               c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<int64_t> int_args) {
+  g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   Runtime& rt = runtime();
-  // Per thread: no lock on the hot path. Keyed by the operator's schema,
-  // which lives as long as the operator is registered.
-  thread_local std::unordered_map<const void*, Priced> cache;
-  thread_local sim::OpCall call;
-  Priced& p = cache[&op.schema()];
-  uint64_t generation = rt.cost->generation();
+  ThreadPricing& state = thread_pricing();
+  PricedOp& p = state.ops[&op.schema()];
+  const uint64_t generation = rt.cost->generation();
   if (p.generation != generation || p.model != rt.cost.get()) {
     const auto& schema = op.schema();
     p.name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
@@ -156,18 +272,32 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std
     p.generation = generation;
     p.model = rt.cost.get();
     p.label = rt.timeline.label(p.name);
+    p.last_shapes.forget();
   }
-  call.name = p.name;
-  call.int_args.assign(int_args.begin(), int_args.end());
-  charge(rt, call, p.formula, p.label, device, inputs, outputs);
+  if (!last_price_holds(p, inputs, outputs, int_args)) {
+    sim::OpCall& call = state.call;
+    call.name = p.name;
+    call.int_args.assign(int_args.begin(), int_args.end());
+    describe(inputs, call.inputs);
+    describe(outputs, call.outputs);
+    p.last = price(rt, call, p.formula);
+    // A registered formula may read anything (a Python function): priced afresh on every call.
+    const bool builtin = !p.formula || p.formula->builtin;
+    if (!builtin || !p.last_shapes.remember(inputs, outputs, int_args)) p.last_shapes.forget();
+  }
+  launch(rt, p.last, p.label, device, p.name);
 }
 
-void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs) {
+void charge_op(const std::string& op_name, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
+               c10::ArrayRef<at::Tensor> outputs) {
+  g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   Runtime& rt = runtime();
-  thread_local sim::OpCall call;
+  sim::OpCall& call = thread_pricing().call;
   call.name = op_name;
-  charge(rt, call, rt.cost->resolve(op_name), rt.timeline.label(op_name), device, inputs, outputs);
+  call.int_args.clear();
+  describe(inputs, call.inputs);
+  describe(outputs, call.outputs);
+  launch(rt, price(rt, call, rt.cost->resolve(op_name)), rt.timeline.label(op_name), device, op_name);
 }
 
 void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,

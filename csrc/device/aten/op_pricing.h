@@ -2,6 +2,7 @@
 // Charges an op run on zion to the virtual timeline: the hardware model
 // prices it from its operator and tensor shapes.
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
@@ -18,11 +19,15 @@ namespace zion::device {
 // `int_args` the non-tensor arguments its formula reads (op_formulas.cpp
 // documents them per formula, e.g. `transposed` of a convolution). The
 // operator's name and formula are looked up once per operator and cached;
-// the call itself allocates nothing in steady state.
-void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs, c10::ArrayRef<int64_t> int_args = {});
-void charge_op(const std::string& op_name, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
-               const std::vector<at::Tensor>& outputs);
+// the call itself allocates nothing in steady state. Each thread remembers
+// the last price of each operator: a call with the same dtypes, sizes and
+// int_args, under the same platform, formula table and (for matmul-class
+// ops and convolutions) precision settings, is charged that price without
+// running the formula again. A registered formula runs on every call.
+void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
+               c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<int64_t> int_args = {});
+void charge_op(const std::string& op_name, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
+               c10::ArrayRef<at::Tensor> outputs);
 // Ops priced so far by this process (all threads and devices).
 int64_t priced_ops();
 

@@ -73,8 +73,10 @@ c10::DispatchKeySet fresh_keys(c10::DeviceType type) {
 // bumped version counter, other keys, backend metadata, its bytes replaced) is dropped.
 constexpr size_t kMaxSpareAliases = 8;
 
-std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spare_aliases() {
-  thread_local std::vector<c10::intrusive_ptr<c10::TensorImpl>> spares;
+using SpareAliases = std::vector<c10::intrusive_ptr<c10::TensorImpl>>;
+
+SpareAliases& spare_aliases() {
+  thread_local SpareAliases spares;
   return spares;
 }
 
@@ -84,8 +86,8 @@ const c10::DispatchKeySet& alias_keys() {
   return keys;
 }
 
-// `alias` (the last owner of it but the AliasSet's map of storages) as a spare, or dropped.
-void keep_spare(at::Tensor&& alias) {
+// `alias` (the last owner of it but the AliasSet's map of storages) as a spare in `spares`, or dropped.
+void keep_spare(at::Tensor&& alias, SpareAliases& spares) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   if (alias.use_count() != 1 || alias.weak_use_count() != 1 || impl->key_set() != alias_keys() ||
       impl->is_inference() || !impl->version_counter().unique() || impl->version_counter().current_version() != 0 ||
@@ -102,16 +104,14 @@ void keep_spare(at::Tensor&& alias) {
       storage->pyobj_slot()->load_pyobj() != nullptr || storage->device_type() != c10::DeviceType::CPU) {
     return;
   }
-  auto& spares = spare_aliases();
   if (spares.size() >= kMaxSpareAliases) return;
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));  // lets the zion storage go
   storage->set_nbytes(0);
   spares.push_back(alias.getIntrusivePtr());
 }
 
-// A spare alias made the alias of `zion_tensor`, or undefined if there is none.
-at::Tensor reuse_spare(const at::Tensor& zion_tensor) {
-  auto& spares = spare_aliases();
+// A spare alias from `spares` made the alias of `zion_tensor`, or undefined if there is none.
+at::Tensor reuse_spare(const at::Tensor& zion_tensor, SpareAliases& spares) {
   if (spares.empty() || c10::InferenceMode::is_enabled()) return at::Tensor();
   at::Tensor alias(std::move(spares.back()));
   spares.pop_back();
@@ -121,8 +121,10 @@ at::Tensor reuse_spare(const at::Tensor& zion_tensor) {
   storage->set_data_ptr_noswap(alias_bytes(zion, false));
   storage->set_nbytes(zion.nbytes());
   storage->set_allocator(c10::GetCPUAllocator());
-  impl->set_storage_and_dtype(impl->storage(), zion_tensor.dtype());
-  impl->set_sizes_and_strides(zion_tensor.sizes(), zion_tensor.strides(), zion_tensor.storage_offset());
+  // A spare keeps the dtype and shape of its last alias: an op called again
+  // on tensors of the same shape finds them already set.
+  if (impl->dtype() != zion_tensor.dtype()) impl->set_storage_and_dtype(impl->storage(), zion_tensor.dtype());
+  sync_metadata(zion_tensor, alias);
   impl->_set_conj(zion_tensor.is_conj());
   impl->_set_neg(zion_tensor.is_neg());
   return alias;
@@ -141,7 +143,8 @@ at::Tensor AliasSet::alias(const at::Tensor& t) {
   c10::StorageImpl* zion = t.storage().unsafeGetStorageImpl();
   c10::Storage* a = find(alias_of_, zion);
   if (!a) {
-    at::Tensor spare = reuse_spare(t);
+    if (!spares_) spares_ = &spare_aliases();
+    at::Tensor spare = reuse_spare(t, *spares_);
     c10::Storage fresh = spare.defined() ? spare.storage() : alias_storage(t.storage());
     zion_of_.emplace_back(fresh.unsafeGetStorageImpl(), t.storage());
     alias_of_.emplace_back(zion, std::move(fresh));
@@ -153,7 +156,7 @@ at::Tensor AliasSet::alias(const at::Tensor& t) {
 }
 
 AliasSet::~AliasSet() {
-  for (at::Tensor& alias : made_) keep_spare(std::move(alias));
+  for (at::Tensor& alias : made_) keep_spare(std::move(alias), *spares_);
 }
 
 void AliasSet::commit() {

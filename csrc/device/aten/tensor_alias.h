@@ -15,6 +15,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <utility>
+#include <vector>
 
 namespace zion::device {
 
@@ -53,6 +54,8 @@ class AliasSet {
   static c10::Storage* find(StorageMap& map, const c10::StorageImpl* key);
 
   c10::DeviceIndex device_ = -1;
+  // This thread's spare aliases, looked up at the first alias() (and not again on the way out).
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>>* spares_ = nullptr;
   StorageMap alias_of_;  // zion storage -> alias storage
   StorageMap zion_of_;   // alias storage -> zion storage
   StorageMap adopted_;   // fresh CPU storage -> zion storage

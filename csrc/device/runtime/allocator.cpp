@@ -33,6 +33,32 @@ size_t pool_of(size_t nbytes) {
   return static_cast<size_t>(nbytes <= kSmallPoolMaxBytes ? StatType::SMALL_POOL : StatType::LARGE_POOL);
 }
 
+// A pool keeps no cache and rounds nothing up: every allocation is a segment
+// of its own, active, reserved for exactly the bytes requested. So a pool's
+// statistics keep allocated bytes and allocations only (per StatType), and
+// the reserved, active and requested bytes, segments and active blocks,
+// which equal them, are filled in when the statistics are read.
+void count(c10::CachingDeviceAllocator::DeviceStats& stats, size_t nbytes, int sign) {
+  const size_t pool = pool_of(nbytes);
+  if (sign > 0) {
+    stats.allocated_bytes[kAggregate].increase(nbytes);
+    stats.allocated_bytes[pool].increase(nbytes);
+    stats.allocation[kAggregate].increase(1);
+    stats.allocation[pool].increase(1);
+  } else {
+    stats.allocated_bytes[kAggregate].decrease(nbytes);
+    stats.allocated_bytes[pool].decrease(nbytes);
+    stats.allocation[kAggregate].decrease(1);
+    stats.allocation[pool].decrease(1);
+  }
+}
+
+c10::CachingDeviceAllocator::DeviceStats with_equal_stats(c10::CachingDeviceAllocator::DeviceStats stats) {
+  stats.reserved_bytes = stats.active_bytes = stats.requested_bytes = stats.allocated_bytes;
+  stats.segment = stats.active = stats.allocation;
+  return stats;
+}
+
 // What the deleter needs to give the bytes back to their pool.
 struct Allocation {
   c10::DeviceIndex device;
@@ -100,13 +126,7 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
                      gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
                      gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
-  for (size_t type : {kAggregate, pool_of(nbytes)}) {
-    for (auto* stat : {&p.stats.allocated_bytes[type], &p.stats.reserved_bytes[type], &p.stats.active_bytes[type],
-                       &p.stats.requested_bytes[type]}) {
-      stat->increase(nbytes);
-    }
-    for (auto* stat : {&p.stats.allocation[type], &p.stats.segment[type], &p.stats.active[type]}) stat->increase(1);
-  }
+  count(p.stats, nbytes, +1);
 }
 
 void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
@@ -289,14 +309,7 @@ void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
   if (ptr) c10::free_cpu(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   if (device >= static_cast<c10::DeviceIndex>(pools_.size())) return;  // platform replaced meanwhile
-  Pool& p = pools_[device];
-  for (size_t type : {kAggregate, pool_of(nbytes)}) {
-    for (auto* stat : {&p.stats.allocated_bytes[type], &p.stats.reserved_bytes[type], &p.stats.active_bytes[type],
-                       &p.stats.requested_bytes[type]}) {
-      stat->decrease(nbytes);
-    }
-    for (auto* stat : {&p.stats.allocation[type], &p.stats.segment[type], &p.stats.active[type]}) stat->decrease(1);
-  }
+  count(pools_[device].stats, nbytes, -1);
 }
 
 c10::DeleterFnPtr HbmAllocator::raw_deleter() const { return nullptr; }
@@ -310,15 +323,14 @@ void HbmAllocator::copy_data(void* dest, const void* src, std::size_t count) con
 c10::CachingDeviceAllocator::DeviceStats HbmAllocator::getDeviceStats(c10::DeviceIndex device) {
   started();
   std::lock_guard<std::mutex> lock(mutex_);
-  return pool(device).stats;
+  return with_equal_stats(pool(device).stats);
 }
 
 void HbmAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   started();
   std::lock_guard<std::mutex> lock(mutex_);
   auto& s = pool(device).stats;
-  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (auto* arr : {&s.allocation, &s.allocated_bytes}) {
     for (auto& stat : *arr) stat.reset_accumulated();
   }
   s.num_ooms = 0;
@@ -329,8 +341,7 @@ void HbmAllocator::resetPeakStats(c10::DeviceIndex device) {
   started();
   std::lock_guard<std::mutex> lock(mutex_);
   auto& s = pool(device).stats;
-  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (auto* arr : {&s.allocation, &s.allocated_bytes}) {
     for (auto& stat : *arr) stat.reset_peak();
   }
 }
@@ -355,13 +366,10 @@ void HbmAllocator::restore_peaks(c10::DeviceIndex device, int64_t peak_bytes, in
                     ", peak_allocations=", peak_allocations, ", num_ooms=", num_ooms);
   std::lock_guard<std::mutex> lock(mutex_);
   Pool& p = pool(device);
-  for (auto* stat : {&p.stats.allocated_bytes[kAggregate], &p.stats.reserved_bytes[kAggregate],
-                     &p.stats.active_bytes[kAggregate], &p.stats.requested_bytes[kAggregate]}) {
-    stat->peak = std::max(stat->peak, peak_bytes);
-  }
-  for (auto* stat : {&p.stats.allocation[kAggregate], &p.stats.segment[kAggregate], &p.stats.active[kAggregate]}) {
-    stat->peak = std::max(stat->peak, peak_allocations);
-  }
+  auto& bytes = p.stats.allocated_bytes[kAggregate];
+  bytes.peak = std::max(bytes.peak, peak_bytes);
+  auto& allocations = p.stats.allocation[kAggregate];
+  allocations.peak = std::max(allocations.peak, peak_allocations);
   p.stats.num_ooms = num_ooms;
 }
 

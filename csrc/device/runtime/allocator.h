@@ -56,6 +56,9 @@ class HbmAllocator final : public c10::DeviceAllocator {
  private:
   struct Pool {
     int64_t capacity = 0;
+    // Allocated bytes and allocations only: getDeviceStats fills in the
+    // reserved, active and requested bytes, segments and active blocks, which
+    // equal them in a pool without a cache (allocator.cpp).
     c10::CachingDeviceAllocator::DeviceStats stats;
   };
   Pool& pool(c10::DeviceIndex device);

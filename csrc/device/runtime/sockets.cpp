@@ -33,9 +33,10 @@ class SocketCpuAllocator final : public c10::Allocator {
   explicit SocketCpuAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    int socket = scoped_socket();
     // A zion op's CPU kernel works in device memory; its scratch is not the socket's.
-    if (socket < 0 || KernelHostMemory::in_zion_kernel()) return base_->allocate(nbytes);
+    if (KernelHostMemory::in_zion_kernel()) return base_->allocate(nbytes);
+    const int socket = scoped_socket();
+    if (socket < 0) return base_->allocate(nbytes);
     return pinned_allocator().allocate_on(socket, nbytes, /*pinned=*/false);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_cpu; }
