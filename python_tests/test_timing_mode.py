@@ -93,7 +93,8 @@ def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_price
     # relu and log_sigmoid_forward (in binary_cross_entropy_with_logits) have
     # C++ shape rules in timing-only mode; their results must be real mode's,
     # also for an input that is not contiguous, where the Python Meta kernel's
-    # strides differ from the CPU kernel's.
+    # strides differ from the CPU kernel's. binary_cross_entropy keeps its
+    # Python Meta kernel and must run too.
     code = """
         import json, torch, zion_emu
         out = {}
@@ -102,10 +103,16 @@ def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_price
             r = torch.relu(x)
             o, b = torch.ops.aten.log_sigmoid_forward(x)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(x, torch.zeros(6, 5, device="zion"))
+            # No C++ Meta kernel: its Python one goes through torch._prims, which
+            # recursed without end while empty_strided had a Python Meta kernel.
+            p, ones = torch.sigmoid(x), torch.ones(6, 5, device="zion")
+            bce = torch.nn.functional.binary_cross_entropy(p, ones)
+            grad = torch.ops.aten.binary_cross_entropy_backward(torch.ones((), device="zion"), p, ones, None, 1)
             out[name] = [[list(t.shape), list(t.stride()), t.untyped_storage().nbytes(), str(t.dtype)]
-                         for t in (r, o, b, loss)]
+                         for t in (r, o, b, loss, bce, grad)]
         torch.zion.synchronize()
         out["clock"] = zion_emu.clock()
+        out["peak"] = torch.zion.max_memory_allocated(0)
         out["priced"] = zion_emu._C.device.priced_ops()
         print(json.dumps(out))
     """

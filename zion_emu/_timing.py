@@ -23,9 +23,11 @@ import torch
 
 _preferred = False
 
-# Python meta kernels kept even where a C++ one exists: these C++ Meta
-# kernels are absent or incomplete for the arguments torch's own callers pass.
-_KEEP_PYTHON_META = frozenset({
+# Ops that torch itself never gives a Python Meta kernel (torch/_meta_registrations.py,
+# activate_meta): their Python decompositions reach back into the op through
+# torch._prims (empty_strided's ref builds its result with torch.empty_strided),
+# so as Meta kernels they recurse without end, or differ from the C++ ones.
+_CPP_META_ONLY = frozenset({
     "aten::empty_strided", "aten::clone", "aten::_to_copy", "aten::copy_", "aten::constant_pad_nd", "aten::rot90",
     "aten::as_strided_scatter",
 })
@@ -77,7 +79,7 @@ def prefer_cpp_meta() -> int:
             continue
         has_own = torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta") or \
             torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd")
-        if not has_own or name in _KEEP_PYTHON_META:
+        if not has_own and name not in _CPP_META_ONLY:
             again.impl(op, python_meta[op])
             restored += 1
     registrations._meta_lib_dont_use_me_use_register_meta = again

@@ -491,9 +491,8 @@ def _mul(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 
 def _fresh_like(meta: torch.Tensor, dtype: torch.dtype, memory_format: Any) -> SocketTensor:
     """clone and _to_copy: new bytes of the same layout (strides kept for a dense
-    tensor under preserve_format, else contiguous), as the CPU kernel allocates them.
-    Not torch's Python meta kernels of clone and _to_copy: in timing-only mode they
-    reach torch.empty_strided on meta, which loops (see _timing._KEEP_PYTHON_META)."""
+    tensor under preserve_format, else contiguous), as the CPU kernel allocates them,
+    and reserved in the socket's DDR pool."""
     from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
     keep = memory_format in (None, torch.preserve_format) and is_non_overlapping_and_dense(meta)

@@ -7,6 +7,7 @@
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 #include <c10/util/SmallVector.h>
@@ -488,23 +489,42 @@ bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::
 }
 
 // Ops of a training step whose Meta kernels are Python (torch._refs and
-// torch._decomp, 50-100 us a call, several times the op's own pricing), with
-// their CPU kernels' shape rules in C++ instead. The arguments are already
-// meta tensors; true if the rule ran.
+// torch._decomp, 50-100 us a call, several times the op's own pricing; and
+// their results need not be laid out as the CPU kernel's are), with the CPU
+// kernels' own shape rules in C++ instead. The arguments are already meta
+// tensors; true if a rule ran.
 bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const std::string& name = schema.name();
-  if (!schema.overload_name().empty() || (name != "aten::relu" && name != "aten::log_sigmoid_forward")) return false;
+  if (!schema.overload_name().empty() ||
+      (name != "aten::relu" && name != "aten::log_sigmoid_forward" && name != "aten::binary_cross_entropy" &&
+       name != "aten::binary_cross_entropy_backward")) {
+    return false;
+  }
   const size_t num_args = schema.arguments().size();
-  const at::Tensor self = (*stack)[stack->size() - num_args].toTensor();
-  torch::jit::drop(*stack, num_args);
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  std::vector<at::Tensor> out;
   if (name == "aten::relu") {
     // The CPU kernel is clamp_min(self, 0), whose Meta kernel is C++.
-    stack->emplace_back(at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), self, 0));
+    out.push_back(at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), args[0].toTensor(), 0));
+  } else if (name == "aten::log_sigmoid_forward") {
+    // binary_cross_entropy_with_logits calls it: the CPU kernel returns the
+    // result and its buffer contiguous, each of self's shape.
+    const at::Tensor& self = args[0].toTensor();
+    for (int i = 0; i < 2; ++i) out.push_back(at::empty(self.sizes(), self.options()));
+  } else if (name == "aten::binary_cross_entropy") {
+    // (self, target, weight, reduction): the CPU kernel writes the loss of
+    // each element into empty_like(self) and, reduced, resizes it to a scalar
+    // in the same storage.
+    at::Tensor loss = at::empty_like(args[0].toTensor());
+    if (args[3].toInt() != 0) loss.resize_({});
+    out.push_back(std::move(loss));
   } else {
-    // log_sigmoid_forward, which binary_cross_entropy_with_logits calls: the
-    // CPU kernel returns the result and its buffer contiguous, each of self's shape.
-    for (int i = 0; i < 2; ++i) stack->emplace_back(at::empty(self.sizes(), self.options()));
+    // binary_cross_entropy_backward (grad_output, self, target, weight,
+    // reduction): the CPU kernel's gradient is empty_like(self).
+    out.push_back(at::empty_like(args[1].toTensor()));
   }
+  torch::jit::drop(*stack, num_args);
+  for (at::Tensor& t : out) stack->emplace_back(std::move(t));
   return true;
 }
 
