@@ -494,12 +494,8 @@ bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::
 // kernels' own shape rules in C++ instead. The arguments are already meta
 // tensors; true if a rule ran.
 bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  if (!schema.overload_name().empty()) return false;
   const std::string& name = schema.name();
-  if (!schema.overload_name().empty() ||
-      (name != "aten::relu" && name != "aten::log_sigmoid_forward" && name != "aten::binary_cross_entropy" &&
-       name != "aten::binary_cross_entropy_backward")) {
-    return false;
-  }
   const size_t num_args = schema.arguments().size();
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   std::vector<at::Tensor> out;
@@ -518,10 +514,11 @@ bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* st
     at::Tensor loss = at::empty_like(args[0].toTensor());
     if (args[3].toInt() != 0) loss.resize_({});
     out.push_back(std::move(loss));
-  } else {
-    // binary_cross_entropy_backward (grad_output, self, target, weight,
-    // reduction): the CPU kernel's gradient is empty_like(self).
+  } else if (name == "aten::binary_cross_entropy_backward") {
+    // (grad_output, self, target, weight, reduction): the CPU kernel's gradient is empty_like(self).
     out.push_back(at::empty_like(args[1].toTensor()));
+  } else {
+    return false;
   }
   torch::jit::drop(*stack, num_args);
   for (at::Tensor& t : out) stack->emplace_back(std::move(t));
