@@ -31,6 +31,82 @@ def test_ring_on_a_ring_fabric_uses_both_directions(platform):
     assert sim.collective_time(p, "all_reduce", S, n, algo="ring") == pytest.approx(expected, rel=1e-9)
 
 
+# A hybrid cube mesh (zion's OAMs as two fully connected quads 0-3 and 4-7
+# plus links i <-> i+4; 25 GB/s per link per direction, 600 ns per hop). In
+# rank order 3 -> 4 and 7 -> 0 are not links, so NCCL's ring search lays its
+# channels over rings of direct links instead: on a DGX-1's cube mesh, four
+# rings at once with the data split among them (NVIDIA/nccl#299). The mesh
+# holds two link-disjoint such rings through all eight (0-1-2-3-7-5-6-4 and
+# 0-2-6-7-4-5-1-3), and each runs both ways: four rings, S/4n per step each.
+CUBE = {"fabric.topology": "hybrid_cube_mesh"}
+CUBE_LINKS = {frozenset((i, j)) for q in (0, 4) for i in range(q, q + 4) for j in range(q, q + 4) if i < j} | {
+    frozenset((i, i + 4)) for i in range(4)}
+
+
+def test_the_cube_mesh_holds_two_link_disjoint_rings_of_direct_links_through_all_eight(platform):
+    rings = sim.collective_model(platform(**CUBE)).rings(list(range(8)))
+    assert rings == [[0, 1, 2, 3, 7, 5, 6, 4], [0, 2, 6, 7, 4, 5, 1, 3]]
+    hops = [frozenset((r[i], r[(i + 1) % 8])) for r in rings for i in range(8)]
+    assert set(hops) == CUBE_LINKS and len(hops) == len(CUBE_LINKS) == 16  # every link once
+    # A fully connected fabric keeps its one ring in rank order.
+    assert sim.collective_model(platform()).rings(list(range(8))) == [list(range(8))]
+
+
+@pytest.mark.parametrize("op,steps", [("all_reduce", 14), ("reduce_scatter", 7), ("all_gather", 7)])
+def test_ring_on_a_hybrid_cube_mesh_runs_its_two_rings_of_direct_links_both_ways(platform, op, steps):
+    p = platform(**CUBE)
+    n, S, B, alpha = 8, 64 * 2**20, 25 * GB, 600e-9
+    r = sim.collective(p, op, S, n, algo="ring")
+    assert r.closed_form
+    assert r.time == pytest.approx(steps * (alpha + S / (4 * n * B)), rel=1e-9)
+    # The same steps simulated transfer by transfer.
+    slow = sim.collective(p, op, S, n, algo="ring", force_simulation=True)
+    assert not slow.closed_form and slow.time == pytest.approx(r.time, rel=1e-9)
+    # Against the one ring (both ways) of a fully connected fabric: half the bytes per link.
+    full = sim.collective(platform(), op, S, n, algo="ring")
+    assert full.time == pytest.approx(steps * (alpha + S / (2 * n * B)), rel=1e-9)
+
+
+@pytest.mark.parametrize("ranks,rings", [
+    ([0, 1, 2, 3], [[0, 1, 2, 3]]),  # one quad: 3 links each, room for one ring
+    ([0, 1, 4, 5], [[0, 1, 5, 4]]),  # the quads' links 0-1, 4-5 and the links 1-5, 4-0
+    ([0, 1, 2, 3, 4, 5], [[0, 2, 3, 1, 5, 4]]),  # 4 and 5 have two links each
+])
+def test_a_subset_of_the_cube_mesh_rings_over_its_direct_links(platform, ranks, rings):
+    p = platform(**CUBE)
+    assert sim.collective_model(p).rings(ranks) == rings
+    assert all(frozenset((r[i], r[i - 1])) in CUBE_LINKS for r in rings for i in range(len(r)))
+    n, S, B, alpha = len(ranks), 64 * 2**20, 25 * GB, 600e-9
+    expected = 2 * (n - 1) * (alpha + S / (2 * len(rings) * n * B))
+    assert sim.collective_time(p, "all_reduce", S, ranks, algo="ring") == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_cube_mesh_subset_without_a_ring_of_direct_links_keeps_rank_order_over_routes(platform):
+    # 0, 1, 2, 4: 4's only link among them is to 0, so no ring of direct
+    # links passes through all four; the ring runs in rank order and 2 -> 4
+    # is routed through a third GPU (0 or 6), sharing links: slower than the
+    # 4-rank ring of direct links (2,016.9 us at 64 MiB).
+    p = platform(**CUBE)
+    assert sim.collective_model(p).rings([0, 1, 2, 4]) == [[0, 1, 2, 4]]
+    S = 64 * 2**20
+    routed = sim.collective_time(p, "all_reduce", S, [0, 1, 2, 4], algo="ring")
+    direct = sim.collective_time(p, "all_reduce", S, [0, 1, 4, 5], algo="ring")
+    assert direct == pytest.approx(6 * (600e-9 + S / (8 * 25 * GB)), rel=1e-9)
+    assert routed > 1.2 * direct
+
+
+def test_a_chain_on_a_cube_mesh_follows_a_ring_of_direct_links_from_any_root(platform):
+    # Broadcast pipelined in 8 chunks down a chain of 8: 8 + 8 - 2 steps of
+    # alpha + (S/8)/B, when every hop of the chain is one link. From root 3
+    # in rank order, 3 -> 4 would not be; the chain follows the ring
+    # 3-7-5-6-4-0-1-2 instead.
+    p = platform(**CUBE)
+    S, B, alpha = 64 * 2**20, 25 * GB, 600e-9
+    expected = 14 * (alpha + S / 8 / B)
+    for root in (0, 3, 6):
+        assert sim.collective(p, "broadcast", S, 8, algo="ring", root=root).time == pytest.approx(expected, rel=1e-9)
+
+
 def test_base_latency_is_charged_once_per_collective(platform):
     p0 = platform("hgx-a100")
     p1 = platform("hgx-a100", **{"collectives.base_latency_ns": 6600})

@@ -206,6 +206,10 @@ void bind_collectives(py::module_& sim) {
       .def_property_readonly("topology", [](const CollectiveModel& m) { return std::const_pointer_cast<Topology>(m.shared_topology()); })
       .def_property_readonly("device_count", &CollectiveModel::device_count)
       .def("device_vertex", &CollectiveModel::device_vertex, py::arg("device"))
+      .def("rings", &CollectiveModel::rings, py::arg("devices"),
+           "The rings the ring algorithm runs at once among these devices (device orders, the data split evenly "
+           "among them, each run both ways): the given order, or on a hybrid cube mesh the link-disjoint rings of "
+           "direct links")
       .def("run",
            [](const CollectiveModel& m, const std::string& op, double bytes, const std::vector<int>& devices,
               const std::string& algorithm, const std::string& link_model, int root,

@@ -94,6 +94,10 @@ struct CollectiveSettings {
   BytesPerSecond local_memory_bandwidth = 0;  // for ASTRA's reduction cost
   double in_switch_efficiency = 1.0;
   bool in_switch_reduction = false;
+  // Rings within a node run over the link-disjoint rings of direct links
+  // (link_disjoint_rings), not one ring in rank order: a hybrid cube mesh,
+  // whose rank order is not a ring of direct links.
+  bool link_disjoint_rings = false;
   Seconds in_switch_latency = 0;
   Algorithm default_algorithm = Algorithm::kAuto;
   // The algorithms `auto` chooses among (empty: all of them).
@@ -134,6 +138,12 @@ class CollectiveModel {
   const CollectiveSettings& settings() const { return settings_; }
   int device_count() const { return static_cast<int>(device_vertex_.size()); }
   int device_vertex(int device) const;
+  // The rings the ring algorithm runs at once among `devices`, each a
+  // device order splitting the data evenly with the others: the given order
+  // alone, or on a hybrid cube mesh the link-disjoint rings of direct links.
+  std::vector<std::vector<int>> rings(const std::vector<int>& devices) const;
+  // The same for vertices; empty when the ring runs in the given order.
+  std::vector<std::vector<int>> vertex_rings(const std::vector<int>& vertices) const;
 
   struct Internals;  // per-request timing (collective_timing.cpp)
   struct Template;   // a plan's time as a function of size, per rank set

@@ -15,29 +15,38 @@ using Op = CollectiveOp;
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // Ring reduce-scatter or all-gather: n-1 steps, each rank passing one
-// 1/n-chunk to its neighbour; with `bidirectional`, a second ring runs the
-// other way and each carries half.
+// 1/n-chunk to its neighbour. The chunk is split evenly over the context's
+// rings (one, in rank order, unless given); with `bidirectional`, each ring
+// also runs the other way and each direction carries half of its share.
 PlanStep ring_step(const PlanContext& c, double chunk, bool reduce) {
-  const auto& v = c.vertices;
-  int n = static_cast<int>(v.size());
+  int n = static_cast<int>(c.vertices.size());
+  std::vector<const std::vector<int>*> rings;
+  if (c.rings.empty()) rings.push_back(&c.vertices);
+  for (const auto& r : c.rings) rings.push_back(&r);
+  bool both_ways = c.bidirectional && n > 2;
+  double part = chunk / static_cast<double>(rings.size()) / (both_ways ? 2 : 1);
   PlanStep step;
   step.repeat = n - 1;
-  double part = c.bidirectional && n > 2 ? chunk / 2 : chunk;
-  for (int i = 0; i < n; ++i) {
-    step.flows.push_back({v[i], v[(i + 1) % n], part, reduce ? part : 0});
-    if (c.bidirectional && n > 2) step.flows.push_back({v[i], v[(i + n - 1) % n], part, reduce ? part : 0});
+  for (const std::vector<int>* ring : rings) {
+    const auto& v = *ring;
+    for (int i = 0; i < n; ++i) {
+      step.flows.push_back({v[i], v[(i + 1) % n], part, reduce ? part : 0});
+      if (both_ways) step.flows.push_back({v[i], v[(i + n - 1) % n], part, reduce ? part : 0});
+    }
   }
   return step;
 }
 
 // A pipelined chain root -> root+1 -> ... (broadcast) or its reverse
-// (reduce), the data cut into `pipeline_chunks` pieces.
+// (reduce), the data cut into `pipeline_chunks` pieces. The chain follows
+// the first of the context's rings from the root when rings are given.
 Plan chain(const PlanContext& c, double bytes, bool reduce) {
-  const auto& v = c.vertices;
+  const auto& v = c.rings.empty() ? c.vertices : c.rings.front();
   int n = static_cast<int>(v.size());
+  int start = static_cast<int>(std::find(v.begin(), v.end(), c.vertices[c.root]) - v.begin());
   int k = std::max(1, c.pipeline_chunks);
   double piece = bytes / k;
-  auto member = [&](int j) { return v[(c.root + j) % n]; };  // j-th on the chain from the root
+  auto member = [&](int j) { return v[(start + j) % n]; };  // j-th on the chain from the root
   Plan plan;
   for (int s = 0; s < k + n - 2; ++s) {
     PlanStep step;
@@ -55,6 +64,74 @@ Plan chain(const PlanContext& c, double bytes, bool reduce) {
   }
   return plan;
 }
+
+// Depth-first search for rings of direct links through every participant,
+// each ring's links taken before the next is looked for, keeping the
+// largest set found (at most half the smallest degree: a ring uses two of
+// each vertex's links).
+class RingSearch {
+ public:
+  explicit RingSearch(std::vector<std::vector<char>> links) : n_(static_cast<int>(links.size())), free_(std::move(links)) {
+    int min_degree = n_;
+    for (const auto& row : free_) min_degree = std::min(min_degree, static_cast<int>(std::count(row.begin(), row.end(), 1)));
+    most_ = min_degree / 2;
+  }
+
+  std::vector<std::vector<int>> run() {
+    if (most_ > 0) next_ring();
+    return best_;
+  }
+
+ private:
+  // Looks for one more ring on the links left; true when the search is over.
+  bool next_ring() {
+    std::vector<int> path{0};
+    std::vector<char> on(n_, 0);
+    on[0] = 1;
+    return extend(path, on);
+  }
+
+  bool extend(std::vector<int>& path, std::vector<char>& on) {
+    if (--budget_ < 0) return true;
+    int at = path.back();
+    if (static_cast<int>(path.size()) == n_) {
+      // Each ring is met in both directions; take it in one.
+      return free_[at][0] && path[1] < at && take(path);
+    }
+    for (int j = 1; j < n_; ++j) {
+      if (on[j] || !free_[at][j]) continue;
+      on[j] = 1;
+      path.push_back(j);
+      bool over = extend(path, on);
+      path.pop_back();
+      on[j] = 0;
+      if (over) return true;
+    }
+    return false;
+  }
+
+  bool take(const std::vector<int>& ring) {
+    auto mark = [&](char value) {
+      for (int i = 0; i < n_; ++i) {
+        int a = ring[i], b = ring[(i + 1) % n_];
+        free_[a][b] = free_[b][a] = value;
+      }
+    };
+    mark(0);
+    current_.push_back(ring);
+    if (current_.size() > best_.size()) best_ = current_;
+    bool over = static_cast<int>(best_.size()) == most_ || next_ring();
+    current_.pop_back();
+    mark(1);
+    return over;
+  }
+
+  int n_;
+  std::vector<std::vector<char>> free_;  // free_[i][j]: a direct link both ways that no ring of current_ uses
+  int most_ = 0;
+  long budget_ = 1 << 20;  // steps of the search: bounds it on meshes with many rings
+  std::vector<std::vector<int>> current_, best_;
+};
 
 PlanOutcome ring(Op op, double bytes, const PlanContext& c) {
   int n = static_cast<int>(c.vertices.size());
@@ -237,6 +314,22 @@ PlanOutcome in_switch(Op op, double bytes, const PlanContext& c) {
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> link_disjoint_rings(const Topology& topology, const std::vector<int>& vertices) {
+  int n = static_cast<int>(vertices.size());
+  if (n < 3) return {};
+  std::vector<std::vector<char>> links(n, std::vector<char>(n, 0));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      links[i][j] = i != j && topology.adjacent(vertices[i], vertices[j]) && topology.adjacent(vertices[j], vertices[i]);
+    }
+  }
+  std::vector<std::vector<int>> rings = RingSearch(std::move(links)).run();
+  for (auto& ring : rings) {
+    for (int& i : ring) i = vertices[i];
+  }
+  return rings;
+}
 
 PlanOutcome build_plan(Algorithm algorithm, CollectiveOp op, double bytes, const PlanContext& ctx) {
   if (ctx.vertices.size() < 2) return {{}, "needs at least 2 ranks"};

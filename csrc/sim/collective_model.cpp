@@ -54,6 +54,7 @@ CollectiveModel::CollectiveModel(const Platform& p)
   settings_.in_switch_reduction = p.fabric.in_switch_reduction;
   settings_.in_switch_efficiency = p.fabric.in_switch_reduction_efficiency;
   settings_.in_switch_latency = p.fabric.in_switch_latency;
+  settings_.link_disjoint_rings = p.fabric.topology == FabricTopology::kHybridCubeMesh;
   settings_.default_algorithm = parse_algorithm(p.collectives.algorithm);
   for (const auto& a : p.collectives.algorithms) settings_.auto_algorithms.push_back(parse_algorithm(a));
   level_sizes_ = {p.oam.count, p.nodes};
@@ -123,6 +124,26 @@ int CollectiveModel::device_vertex(int device) const {
                             std::to_string(device_count()) + " devices (0.." + std::to_string(device_count() - 1) + ")");
   }
   return device_vertex_[device];
+}
+
+std::vector<std::vector<int>> CollectiveModel::vertex_rings(const std::vector<int>& vertices) const {
+  if (!settings_.link_disjoint_rings) return {};
+  return link_disjoint_rings(*topology_, vertices);
+}
+
+std::vector<std::vector<int>> CollectiveModel::rings(const std::vector<int>& devices) const {
+  std::vector<int> vertices;
+  std::map<int, int> device_of;
+  for (int d : devices) {
+    vertices.push_back(device_vertex(d));
+    device_of[vertices.back()] = d;
+  }
+  std::vector<std::vector<int>> out = vertex_rings(vertices);
+  if (out.empty()) return {devices};
+  for (auto& ring : out) {
+    for (int& v : ring) v = device_of.at(v);
+  }
+  return out;
 }
 
 void CollectiveModel::validate(const CollectiveRequest& r) const {

@@ -34,6 +34,10 @@ struct PlanContext {
   int root = 0;               // index into vertices
   int pipeline_chunks = 1;
   bool bidirectional = true;  // rings run both ways, half the data each
+  // The rings the ring algorithm runs at once, each an order of `vertices`
+  // that splits the data evenly with the others; empty: one ring in rank
+  // order (each hop along its route).
+  std::vector<std::vector<int>> rings;
   double in_switch_efficiency = 1.0;
   int fabric_switch = -1;  // vertex of the switch joining all participants, or -1
   const std::vector<std::vector<double>>* all_to_all_bytes = nullptr;
@@ -46,6 +50,14 @@ struct PlanOutcome {
 };
 
 PlanOutcome build_plan(Algorithm algorithm, CollectiveOp op, double bytes, const PlanContext& ctx);
+
+// As many rings through all of `vertices` as the direct links between them
+// allow with no link in two rings (each ring uses both directions of its
+// links when run both ways): how NCCL lays its ring channels over an
+// NVLink mesh without a switch, where the rank order would route some hops
+// through a third GPU. Each ring starts at vertices[0]. Empty when no ring
+// of direct links passes through every vertex, or for fewer than 3.
+std::vector<std::vector<int>> link_disjoint_rings(const Topology& topology, const std::vector<int>& vertices);
 
 // Concatenates phases; and runs plans of disjoint groups side by side (step i
 // of the result holds step i of every group; the groups' plans must have the

@@ -47,6 +47,7 @@ PlanContext CollectiveModel::Internals::context(const std::vector<int>& devices,
     bool one_node = std::all_of(devices.begin(), devices.end(), [&](int d) { return d / model.devices_per_node_ == node; });
     if (one_node) c.fabric_switch = model.fabric_switch_of_node_[node];
   }
+  c.rings = model.vertex_rings(c.vertices);
   if (!request.all_to_all_bytes.empty()) c.all_to_all_bytes = &request.all_to_all_bytes;
   return c;
 }

@@ -76,6 +76,14 @@ int Topology::find(VertexKind kind, int node, int index) const {
   return -1;
 }
 
+bool Topology::adjacent(int a, int b) const {
+  if (a < 0 || static_cast<size_t>(a) >= out_links_.size()) return false;
+  for (int l : out_links_[a]) {
+    if (links_[l].dst == b) return true;
+  }
+  return false;
+}
+
 int Topology::node_of(int vertex) const {
   if (vertices_per_node_ == 0 || vertex >= nodes_ * vertices_per_node_) return -1;
   return vertex / vertices_per_node_;

@@ -78,6 +78,8 @@ class Topology {
   const std::vector<Link>& links() const { return links_; }
   const std::vector<LinkClass>& link_classes() const { return classes_; }
   int find(VertexKind kind, int node, int index) const;  // -1 if absent
+  // Whether a link runs from vertex a to vertex b (one hop, no transit).
+  bool adjacent(int a, int b) const;
 
   // The route from vertex src to vertex dst (src != dst). Thread-safe.
   const Route& route(int src, int dst) const;
