@@ -95,16 +95,22 @@ def test_a_cube_mesh_subset_without_a_ring_of_direct_links_keeps_rank_order_over
     assert routed > 1.2 * direct
 
 
-def test_a_chain_on_a_cube_mesh_follows_a_ring_of_direct_links_from_any_root(platform):
-    # Broadcast pipelined in 8 chunks down a chain of 8: 8 + 8 - 2 steps of
-    # alpha + (S/8)/B, when every hop of the chain is one link. From root 3
-    # in rank order, 3 -> 4 would not be; the chain follows the ring
-    # 3-7-5-6-4-0-1-2 instead.
+def test_chains_on_a_cube_mesh_run_down_and_up_each_ring_from_any_root(platform):
+    # Broadcast (and reduce) pipelined in 8 chunks down a chain of 8 ranks:
+    # 8 + 8 - 2 steps of alpha + piece / B when every hop is one link. On
+    # the cube mesh a chain runs each way round each of the two rings from
+    # the root (from root 3: 3-7-5-6-4-0-1-2, 3-2-1-0-4-6-5-7, ...), four
+    # chains on link-disjoint directions, so a piece is S / 8 / 4. (In rank
+    # order 3 -> 4 would not be a link.)
     p = platform(**CUBE)
     S, B, alpha = 64 * 2**20, 25 * GB, 600e-9
-    expected = 14 * (alpha + S / 8 / B)
-    for root in (0, 3, 6):
-        assert sim.collective(p, "broadcast", S, 8, algo="ring", root=root).time == pytest.approx(expected, rel=1e-9)
+    expected = 14 * (alpha + S / 8 / 4 / B)
+    for op in ("broadcast", "reduce"):
+        for root in (0, 3, 6):
+            r = sim.collective(p, op, S, 8, algo="ring", root=root)
+            assert r.closed_form and r.time == pytest.approx(expected, rel=1e-9), (op, root)
+    # One chain on a fully connected fabric: a piece is S / 8.
+    assert sim.collective_time(platform(), "broadcast", S, 8, algo="ring") == pytest.approx(14 * (alpha + S / 8 / B), rel=1e-9)
 
 
 def test_base_latency_is_charged_once_per_collective(platform):

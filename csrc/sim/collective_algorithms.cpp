@@ -38,26 +38,40 @@ PlanStep ring_step(const PlanContext& c, double chunk, bool reduce) {
 }
 
 // A pipelined chain root -> root+1 -> ... (broadcast) or its reverse
-// (reduce), the data cut into `pipeline_chunks` pieces. The chain follows
-// the first of the context's rings from the root when rings are given.
+// (reduce), the data cut into `pipeline_chunks` pieces. With rings given,
+// one chain runs down each ring from the root (and, with `bidirectional`,
+// one up it), each carrying an even share of the data on its own links.
 Plan chain(const PlanContext& c, double bytes, bool reduce) {
-  const auto& v = c.rings.empty() ? c.vertices : c.rings.front();
-  int n = static_cast<int>(v.size());
-  int start = static_cast<int>(std::find(v.begin(), v.end(), c.vertices[c.root]) - v.begin());
+  int n = static_cast<int>(c.vertices.size());
+  const int root = c.vertices[c.root];
+  std::vector<std::vector<int>> chains;  // each from the root
+  if (c.rings.empty()) {
+    chains.emplace_back();
+    for (int j = 0; j < n; ++j) chains.back().push_back(c.vertices[(c.root + j) % n]);
+  }
+  for (const auto& ring : c.rings) {
+    int start = static_cast<int>(std::find(ring.begin(), ring.end(), root) - ring.begin());
+    for (int way : {1, -1}) {
+      if (way < 0 && !(c.bidirectional && n > 2)) break;
+      chains.emplace_back();
+      for (int j = 0; j < n; ++j) chains.back().push_back(ring[((start + way * j) % n + n) % n]);
+    }
+  }
   int k = std::max(1, c.pipeline_chunks);
-  double piece = bytes / k;
-  auto member = [&](int j) { return v[(start + j) % n]; };  // j-th on the chain from the root
+  double piece = bytes / k / static_cast<double>(chains.size());
   Plan plan;
   for (int s = 0; s < k + n - 2; ++s) {
     PlanStep step;
-    for (int j = 0; j + 1 < n; ++j) {
-      int chunk = s - j;
-      if (chunk < 0 || chunk >= k) continue;
-      if (reduce) {
-        // Reduction flows towards the root: link j carries member n-1-j -> n-2-j.
-        step.flows.push_back({member(n - 1 - j), member(n - 2 - j), piece, piece});
-      } else {
-        step.flows.push_back({member(j), member(j + 1), piece, 0});
+    for (const auto& member : chains) {  // member[j]: j-th on the chain from the root
+      for (int j = 0; j + 1 < n; ++j) {
+        int chunk = s - j;
+        if (chunk < 0 || chunk >= k) continue;
+        if (reduce) {
+          // Reduction flows towards the root: link j carries member n-1-j -> n-2-j.
+          step.flows.push_back({member[n - 1 - j], member[n - 2 - j], piece, piece});
+        } else {
+          step.flows.push_back({member[j], member[j + 1], piece, 0});
+        }
       }
     }
     plan.push_back(std::move(step));
