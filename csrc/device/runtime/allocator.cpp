@@ -73,8 +73,18 @@ std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not b
 void delete_allocation(void* context) {
   std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
+  // Recorded before the bytes go back: a block allocated at the same address
+  // by another thread then cannot be recorded before this free.
   memory_history().freed(a->device, a->storage_less ? a.get() : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
   allocator().release(a->device, a->ptr, a->nbytes);
+}
+
+// The modeled host clock, for the HBM series. Read under the pool's lock, so
+// it must not start the runtime (which configures the pools under that lock):
+// a block exists only once the runtime has started.
+double host_now() {
+  const Runtime* rt = detail::g_runtime_ptr.load(std::memory_order_acquire);
+  return rt ? rt->timeline.host() : 0.0;
 }
 
 std::string gib(int64_t bytes) {
@@ -115,7 +125,24 @@ namespace {
 void started() { (void)runtime(); }
 }  // namespace
 
-void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
+void HbmAllocator::add_to_series_locked(c10::DeviceIndex device, int64_t delta) {
+  if (delta == 0 || device < 0) return;
+  const double t = host_now();
+  if (static_cast<size_t>(device) >= series_.size()) series_.resize(static_cast<size_t>(device) + 1);
+  series_[device].add(t, delta);
+}
+
+HbmSeries HbmAllocator::hbm_series(c10::DeviceIndex device, double now) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device < 0 || static_cast<size_t>(device) >= series_.size()) {
+    HbmSeries none;
+    none.start_s = none.peak_s = now;
+    return none;
+  }
+  return series_[device].at(now);
+}
+
+void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool series) {
   std::lock_guard<std::mutex> lock(mutex_);
   Pool& p = pool(device);
   auto& in_use = p.stats.allocated_bytes[kAggregate];
@@ -127,11 +154,12 @@ void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
                      gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
   count(p.stats, nbytes, +1);
+  if (series) add_to_series_locked(device, static_cast<int64_t>(nbytes));
 }
 
-void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
+void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series) {
   try {
-    reserve(device, nbytes);
+    reserve(device, nbytes, series);
   } catch (const c10::OutOfMemoryError&) {
     // Outside the pool's lock: the memory history may take the GIL for the stack.
     memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
@@ -147,18 +175,23 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   std::optional<HostMemoryLock> host_lock;
   if (nbytes >= kHostCheckBytes) host_lock.emplace();
   check_host_backing(device, nbytes);
-  reserve_or_record_oom(device, nbytes);
+  // The series counts the bytes once the host has backed them, as the memory history does.
+  reserve_or_record_oom(device, nbytes, /*series=*/false);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
   if (host_lock) touch_pages(data, nbytes);
   host_lock.reset();
+  if (nbytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_to_series_locked(device, static_cast<int64_t>(nbytes));
+  }
   memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
-  reserve_or_record_oom(device, nbytes);
+  reserve_or_record_oom(device, nbytes, /*series=*/true);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
   auto* allocation = new Allocation{device, nbytes, nullptr, {}, true};
   // No bytes, so the memory history knows it by its bookkeeping's address.
@@ -298,7 +331,7 @@ c10::Allocator& storage_less_allocator() {
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
-  reserve_or_record_oom(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  reserve_or_record_oom(device, nbytes, /*series=*/true);  // on failure `bytes` is freed by its owner's deleter
   void* data = bytes.get();
   memory_history().allocated(device, data, nbytes);
   return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
@@ -308,6 +341,7 @@ c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, 
 void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
   if (ptr) c10::free_cpu(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
+  add_to_series_locked(device, -static_cast<int64_t>(nbytes));
   if (device >= static_cast<c10::DeviceIndex>(pools_.size())) return;  // platform replaced meanwhile
   count(pools_[device].stats, nbytes, -1);
 }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/runtime/memory_history.h"
 #include "sim/platform.h"
 
 namespace zion::device {
@@ -52,6 +53,8 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // `peak_bytes`, the peak allocation count to at least `peak_allocations`,
   // and sets the OOM count. Current use is what the live tensors hold.
   void restore_peaks(c10::DeviceIndex device, int64_t peak_bytes, int64_t peak_allocations, int64_t num_ooms);
+  // Allocated HBM of `device` over modeled time (HbmSeries), as it stands at `now`.
+  HbmSeries hbm_series(c10::DeviceIndex device, double now) const;
 
  private:
   struct Pool {
@@ -67,11 +70,22 @@ class HbmAllocator final : public c10::DeviceAllocator {
   void check_host_backing(c10::DeviceIndex device, size_t nbytes);
   static constexpr size_t kHostCheckBytes = size_t{64} << 20;
   size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
-  void reserve(c10::DeviceIndex device, size_t nbytes);  // accounts, or raises OutOfMemoryError
-  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes);  // reserve, telling the memory history of an OOM
+  // Accounts `nbytes` (and, with `series`, adds them to the device's HbmSeries), or raises OutOfMemoryError.
+  void reserve(c10::DeviceIndex device, size_t nbytes, bool series);
+  // reserve, telling the memory history of an OOM.
+  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series);
+  // Adds `delta` allocated bytes of `device` to its series at the modeled
+  // host time, read under mutex_ (held): the events of concurrent threads
+  // enter in the order of their times (an earlier time means a clock reset).
+  void add_to_series_locked(c10::DeviceIndex device, int64_t delta);
 
+  // One lock for the pools' statistics and the series: an allocation or a
+  // free updates both under it.
   mutable std::mutex mutex_;
   std::vector<Pool> pools_;
+  // Per device, grown as devices are used; always kept (the run report's HBM
+  // chart), and not reset when configure() replaces the pools.
+  std::vector<HbmSeries> series_;
 };
 
 HbmAllocator& allocator();
