@@ -45,8 +45,10 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // Timing-only mode: accounts `nbytes` in the pool of `device` exactly as
   // allocate() does, but backs them with no host bytes (the DataPtr is null).
   c10::DataPtr allocate_storage_less(c10::DeviceIndex device, size_t nbytes);
-  // Releases one allocation (called by the DataPtr deleter).
-  void release(c10::DeviceIndex device, void* ptr, size_t nbytes);
+  // Releases one allocation (called by the DataPtr deleter): frees `ptr`
+  // (our own bytes, or null) and keeps `bookkeeping` (the raw storage of the
+  // deleter's context, already destroyed) for a later allocation, or frees it.
+  void release(c10::DeviceIndex device, void* ptr, size_t nbytes, void* bookkeeping);
   int64_t capacity(c10::DeviceIndex device) const;
   // A run resumed from a checkpoint keeps the peaks it had reached: raises
   // the peak of allocated (and reserved, active, requested) bytes to at least
@@ -70,10 +72,17 @@ class HbmAllocator final : public c10::DeviceAllocator {
   void check_host_backing(c10::DeviceIndex device, size_t nbytes);
   static constexpr size_t kHostCheckBytes = size_t{64} << 20;
   size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
-  // Accounts `nbytes` (and, with `series`, adds them to the device's HbmSeries), or raises OutOfMemoryError.
-  void reserve(c10::DeviceIndex device, size_t nbytes, bool series);
+  // Accounts `nbytes` (and, with `series`, adds them to the device's
+  // HbmSeries), or raises OutOfMemoryError. Returns the raw storage for the
+  // allocation's bookkeeping, a spare one or freshly allocated, which the
+  // caller constructs its bookkeeping in.
+  void* reserve(c10::DeviceIndex device, size_t nbytes, bool series);
   // reserve, telling the memory history of an OOM.
-  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series);
+  void* reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series);
+  // Under mutex_: pool(device), giving `bookkeeping` back first if it raises.
+  Pool& pool_or_give_back(c10::DeviceIndex device, void* bookkeeping);
+  // Under mutex_: keeps `bookkeeping` as a spare, or frees it.
+  void give_back_locked(void* bookkeeping);
   // Adds `delta` allocated bytes of `device` to its series at the modeled
   // host time, read under mutex_ (held): the events of concurrent threads
   // enter in the order of their times (an earlier time means a clock reset).
@@ -86,6 +95,12 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // Per device, grown as devices are used; always kept (the run report's HBM
   // chart), and not reset when configure() replaces the pools.
   std::vector<HbmSeries> series_;
+  // Freed bookkeeping of allocations (under mutex_): an op's result is
+  // allocated and freed on every call, and these are taken and given back
+  // under the lock each of them takes anyway, instead of malloc and free.
+  static constexpr size_t kSpareBookkeeping = 64;
+  void* spare_bookkeeping_[kSpareBookkeeping] = {};
+  size_t spare_count_ = 0;
 };
 
 HbmAllocator& allocator();
