@@ -156,11 +156,6 @@ OpCostModel::FormulaRef OpCostModel::resolve(std::string_view name) const {
   return nullptr;
 }
 
-uint64_t OpCostModel::generation() const {
-  std::shared_lock lock(mutex_);
-  return generation_;
-}
-
 void OpCostModel::register_formula(const std::string& name, WorkFormula formula) {
   if (name.empty()) throw std::invalid_argument("register_formula: the op name is empty");
   if (!formula) throw std::invalid_argument("register_formula: the formula for " + name + " is empty");

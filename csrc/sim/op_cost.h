@@ -24,6 +24,7 @@
 //   - copies between two devices or between host and device are not ops: the
 //     link model prices them.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -181,7 +182,8 @@ class OpCostModel {
   // work.op_class), call.name) with guessed and formula filled in; a caller
   // may fill fields of the call that only the second half reads in between.
   OpWork work(const OpCall& call, const FormulaRef& formula) const;
-  uint64_t generation() const;
+  // Read without the table's lock: the device layer asks on every op.
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
   // Adds or replaces the formula for an exact name (with or without overload).
   // Safe against concurrent cost() calls.
@@ -200,7 +202,7 @@ class OpCostModel {
   ComputeUnit unit_;
   mutable std::shared_mutex mutex_;
   std::map<std::string, FormulaRef, std::less<>> table_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};  // raised under the unique lock, after the table changed
 };
 
 }  // namespace zion::sim

@@ -224,7 +224,19 @@ struct PricedOp {
 struct ThreadPricing {
   // Keyed by the operator's schema, which lives as long as the operator is registered.
   std::unordered_map<const void*, PricedOp> ops;
+  // The operator priced last and its entry (a map's entries stay where they
+  // are as it grows): an op called again skips the lookup.
+  const void* last_key = nullptr;
+  PricedOp* last_op = nullptr;
   sim::OpCall call;  // reused, so steady state allocates nothing
+
+  PricedOp& op(const void* key) {
+    if (key != last_key) {
+      last_op = &ops[key];
+      last_key = key;
+    }
+    return *last_op;
+  }
 };
 
 ThreadPricing& thread_pricing() {
@@ -263,7 +275,7 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::Arra
   g_priced_ops.fetch_add(1, std::memory_order_relaxed);
   Runtime& rt = runtime();
   ThreadPricing& state = thread_pricing();
-  PricedOp& p = state.ops[&op.schema()];
+  PricedOp& p = state.op(&op.schema());
   const uint64_t generation = rt.cost->generation();
   if (p.generation != generation || p.model != rt.cost.get()) {
     const auto& schema = op.schema();

@@ -13,8 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "device/runtime/memory_history.h"
 #include "device/runtime/host_memory.h"
@@ -71,10 +73,30 @@ struct Allocation {
 std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not backed
 
 void delete_allocation(void* context) {
-  std::unique_ptr<Allocation> a(static_cast<Allocation*>(context));
+  auto* a = static_cast<Allocation*>(context);
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
-  memory_history().freed(a->device, a->storage_less ? a.get() : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
-  allocator().release(a->device, a->ptr, a->nbytes);
+  // Recorded before the bytes go back: a block allocated at the same address
+  // by another thread then cannot be recorded before this free.
+  memory_history().freed(a->device, a->storage_less ? a : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
+  const c10::DeviceIndex device = a->device;
+  const size_t nbytes = a->nbytes;
+  void* ptr = a->ptr;
+  a->~Allocation();  // adopted bytes go back to their allocator
+  allocator().release(device, ptr, nbytes, a);
+}
+
+// Constructs an allocation's bookkeeping in `raw` (from reserve).
+template <typename... Args>
+Allocation* make_allocation(void* raw, Args&&... args) {
+  return new (raw) Allocation{std::forward<Args>(args)...};
+}
+
+// The modeled host clock, for the HBM series. Read under the pool's lock, so
+// it must not start the runtime (which configures the pools under that lock):
+// a block exists only once the runtime has started.
+double host_now() {
+  const Runtime* rt = detail::g_runtime_ptr.load(std::memory_order_acquire);
+  return rt ? rt->timeline.host() : 0.0;
 }
 
 std::string gib(int64_t bytes) {
@@ -115,23 +137,64 @@ namespace {
 void started() { (void)runtime(); }
 }  // namespace
 
-void HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes) {
+void HbmAllocator::add_to_series_locked(c10::DeviceIndex device, int64_t delta) {
+  if (delta == 0 || device < 0) return;
+  const double t = host_now();
+  if (static_cast<size_t>(device) >= series_.size()) series_.resize(static_cast<size_t>(device) + 1);
+  series_[device].add(t, delta);
+}
+
+HbmSeries HbmAllocator::hbm_series(c10::DeviceIndex device, double now) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  Pool& p = pool(device);
+  if (device < 0 || static_cast<size_t>(device) >= series_.size()) {
+    HbmSeries none;
+    none.start_s = none.peak_s = now;
+    return none;
+  }
+  return series_[device].at(now);
+}
+
+void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool series) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  void* bookkeeping = nullptr;
+  if (spare_count_ > 0) {
+    bookkeeping = spare_bookkeeping_[--spare_count_];
+  } else {  // none spare: malloc's, outside the lock, before anything is counted
+    lock.unlock();
+    bookkeeping = ::operator new(sizeof(Allocation));
+    lock.lock();
+  }
+  Pool& p = pool_or_give_back(device, bookkeeping);
   auto& in_use = p.stats.allocated_bytes[kAggregate];
   if (in_use.current + static_cast<int64_t>(nbytes) > p.capacity) {
     p.stats.num_ooms += 1;
+    give_back_locked(bookkeeping);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of HBM on zion:", static_cast<int>(device),
                      ". Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
                      gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
                      gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
   count(p.stats, nbytes, +1);
+  if (series) add_to_series_locked(device, static_cast<int64_t>(nbytes));
+  return bookkeeping;
 }
 
-void HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes) {
+HbmAllocator::Pool& HbmAllocator::pool_or_give_back(c10::DeviceIndex device, void* bookkeeping) {
+  if (device < 0 || device >= static_cast<c10::DeviceIndex>(pools_.size())) give_back_locked(bookkeeping);
+  return pool(device);  // raises for a device out of range
+}
+
+void HbmAllocator::give_back_locked(void* bookkeeping) {
+  if (spare_count_ < kSpareBookkeeping) {
+    spare_bookkeeping_[spare_count_++] = bookkeeping;
+  } else {
+    ::operator delete(bookkeeping);
+  }
+}
+
+void* HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series) {
   try {
-    reserve(device, nbytes);
+    return reserve(device, nbytes, series);
   } catch (const c10::OutOfMemoryError&) {
     // Outside the pool's lock: the memory history may take the GIL for the stack.
     memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
@@ -147,20 +210,31 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   std::optional<HostMemoryLock> host_lock;
   if (nbytes >= kHostCheckBytes) host_lock.emplace();
   check_host_backing(device, nbytes);
-  reserve_or_record_oom(device, nbytes);
+  // The series counts the bytes once the host has backed them, as the memory history does.
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/false);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
-  void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  void* data = nullptr;
+  try {
+    data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+  } catch (...) {
+    ::operator delete(bookkeeping);
+    throw;
+  }
   if (host_lock) touch_pages(data, nbytes);
   host_lock.reset();
+  if (nbytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_to_series_locked(device, static_cast<int64_t>(nbytes));
+  }
   memory_history().allocated(device, data, nbytes);
-  return {data, new Allocation{device, nbytes, data, {}}, &delete_allocation, where};
+  return {data, make_allocation(bookkeeping, device, nbytes, data, c10::DataPtr()), &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
-  reserve_or_record_oom(device, nbytes);
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/true);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
-  auto* allocation = new Allocation{device, nbytes, nullptr, {}, true};
+  Allocation* allocation = make_allocation(bookkeeping, device, nbytes, nullptr, c10::DataPtr(), true);
   // No bytes, so the memory history knows it by its bookkeeping's address.
   memory_history().allocated(device, allocation, nbytes);
   return {nullptr, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
@@ -298,18 +372,33 @@ c10::Allocator& storage_less_allocator() {
 }
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
-  reserve_or_record_oom(device, nbytes);  // on failure `bytes` is freed by its owner's deleter
+  // On failure `bytes` is freed by its owner's deleter.
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/true);
   void* data = bytes.get();
-  memory_history().allocated(device, data, nbytes);
-  return {data, new Allocation{device, nbytes, nullptr, std::move(bytes)}, &delete_allocation,
+  try {
+    memory_history().allocated(device, data, nbytes);
+  } catch (...) {
+    ::operator delete(bookkeeping);
+    throw;
+  }
+  return {data, make_allocation(bookkeeping, device, nbytes, nullptr, std::move(bytes)), &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
 
-void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes) {
+void HbmAllocator::release(c10::DeviceIndex device, void* ptr, size_t nbytes, void* bookkeeping) {
   if (ptr) c10::free_cpu(ptr);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (device >= static_cast<c10::DeviceIndex>(pools_.size())) return;  // platform replaced meanwhile
-  count(pools_[device].stats, nbytes, -1);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    add_to_series_locked(device, -static_cast<int64_t>(nbytes));
+    if (device < static_cast<c10::DeviceIndex>(pools_.size())) {  // else the platform was replaced meanwhile
+      count(pools_[device].stats, nbytes, -1);
+    }
+    if (bookkeeping && spare_count_ < kSpareBookkeeping) {
+      spare_bookkeeping_[spare_count_++] = bookkeeping;
+      return;
+    }
+  }
+  ::operator delete(bookkeeping);  // outside the lock
 }
 
 c10::DeleterFnPtr HbmAllocator::raw_deleter() const { return nullptr; }

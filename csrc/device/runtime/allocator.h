@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/runtime/memory_history.h"
 #include "sim/platform.h"
 
 namespace zion::device {
@@ -44,14 +45,18 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // Timing-only mode: accounts `nbytes` in the pool of `device` exactly as
   // allocate() does, but backs them with no host bytes (the DataPtr is null).
   c10::DataPtr allocate_storage_less(c10::DeviceIndex device, size_t nbytes);
-  // Releases one allocation (called by the DataPtr deleter).
-  void release(c10::DeviceIndex device, void* ptr, size_t nbytes);
+  // Releases one allocation (called by the DataPtr deleter): frees `ptr`
+  // (our own bytes, or null) and keeps `bookkeeping` (the raw storage of the
+  // deleter's context, already destroyed) for a later allocation, or frees it.
+  void release(c10::DeviceIndex device, void* ptr, size_t nbytes, void* bookkeeping);
   int64_t capacity(c10::DeviceIndex device) const;
   // A run resumed from a checkpoint keeps the peaks it had reached: raises
   // the peak of allocated (and reserved, active, requested) bytes to at least
   // `peak_bytes`, the peak allocation count to at least `peak_allocations`,
   // and sets the OOM count. Current use is what the live tensors hold.
   void restore_peaks(c10::DeviceIndex device, int64_t peak_bytes, int64_t peak_allocations, int64_t num_ooms);
+  // Allocated HBM of `device` over modeled time (HbmSeries), as it stands at `now`.
+  HbmSeries hbm_series(c10::DeviceIndex device, double now) const;
 
  private:
   struct Pool {
@@ -67,11 +72,35 @@ class HbmAllocator final : public c10::DeviceAllocator {
   void check_host_backing(c10::DeviceIndex device, size_t nbytes);
   static constexpr size_t kHostCheckBytes = size_t{64} << 20;
   size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
-  void reserve(c10::DeviceIndex device, size_t nbytes);  // accounts, or raises OutOfMemoryError
-  void reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes);  // reserve, telling the memory history of an OOM
+  // Accounts `nbytes` (and, with `series`, adds them to the device's
+  // HbmSeries), or raises OutOfMemoryError. Returns the raw storage for the
+  // allocation's bookkeeping, a spare one or freshly allocated, which the
+  // caller constructs its bookkeeping in.
+  void* reserve(c10::DeviceIndex device, size_t nbytes, bool series);
+  // reserve, telling the memory history of an OOM.
+  void* reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series);
+  // Under mutex_: pool(device), giving `bookkeeping` back first if it raises.
+  Pool& pool_or_give_back(c10::DeviceIndex device, void* bookkeeping);
+  // Under mutex_: keeps `bookkeeping` as a spare, or frees it.
+  void give_back_locked(void* bookkeeping);
+  // Adds `delta` allocated bytes of `device` to its series at the modeled
+  // host time, read under mutex_ (held): the events of concurrent threads
+  // enter in the order of their times (an earlier time means a clock reset).
+  void add_to_series_locked(c10::DeviceIndex device, int64_t delta);
 
+  // One lock for the pools' statistics and the series: an allocation or a
+  // free updates both under it.
   mutable std::mutex mutex_;
   std::vector<Pool> pools_;
+  // Per device, grown as devices are used; always kept (the run report's HBM
+  // chart), and not reset when configure() replaces the pools.
+  std::vector<HbmSeries> series_;
+  // Freed bookkeeping of allocations (under mutex_): an op's result is
+  // allocated and freed on every call, and these are taken and given back
+  // under the lock each of them takes anyway, instead of malloc and free.
+  static constexpr size_t kSpareBookkeeping = 64;
+  void* spare_bookkeeping_[kSpareBookkeeping] = {};
+  size_t spare_count_ = 0;
 };
 
 HbmAllocator& allocator();

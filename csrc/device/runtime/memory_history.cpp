@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "device/runtime/allocator.h"
 #include "device/runtime/runtime.h"
 
 namespace zion::device {
@@ -31,14 +32,19 @@ void HbmSeries::add(double t, int64_t delta) {
     peak_bytes = current_bytes;
     peak_s = t;
   }
-  if (!bins.empty() && std::floor(bins.back().time_s / bin_s) == std::floor(t / bin_s)) {
+  const double bin = std::floor(t / bin_s);
+  if (!bins.empty() && last_bin_ == bin) {
     HbmBin& b = bins.back();
     b.max_bytes = std::max(b.max_bytes, current_bytes);
     b.end_bytes = current_bytes;
     return;
   }
   bins.push_back(HbmBin{t, current_bytes, current_bytes});
-  if (bins.size() > kMaxBins) coarsen();
+  last_bin_ = bin;
+  if (bins.size() > kMaxBins) {
+    coarsen();
+    last_bin_ = std::floor(bins.back().time_s / bin_s);
+  }
 }
 
 void HbmSeries::coarsen() {
@@ -67,24 +73,8 @@ HbmSeries HbmSeries::at(double now) const {
   return fresh;
 }
 
-void MemoryHistory::record_use(c10::DeviceIndex device, int64_t delta) {
-  if (delta == 0 || device < 0) return;
-  // The clock is read under the lock: events of concurrent threads then
-  // enter in the order of their times (an earlier time means a reset).
-  std::lock_guard<std::mutex> lock(series_mutex_);
-  const double t = now();
-  if (static_cast<size_t>(device) >= series_.size()) series_.resize(static_cast<size_t>(device) + 1);
-  series_[device].add(t, delta);
-}
-
 HbmSeries MemoryHistory::hbm_series(c10::DeviceIndex device, double now) const {
-  std::lock_guard<std::mutex> lock(series_mutex_);
-  if (device < 0 || static_cast<size_t>(device) >= series_.size()) {
-    HbmSeries none;
-    none.start_s = none.peak_s = now;
-    return none;
-  }
-  return series_[device].at(now);
+  return allocator().hbm_series(device, now);
 }
 
 void MemoryHistory::configure(bool enabled, size_t max_entries, bool stacks) {
@@ -113,9 +103,7 @@ void MemoryHistory::add(MemoryEvent e) {
   }
 }
 
-void MemoryHistory::allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
-  record_use(device, static_cast<int64_t>(nbytes));
-  if (!enabled() || ptr == nullptr) return;
+void MemoryHistory::record_allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
   auto stack = stack_if(stacks_);
   auto address = reinterpret_cast<uintptr_t>(ptr);
   {
@@ -126,9 +114,7 @@ void MemoryHistory::allocated(c10::DeviceIndex device, const void* ptr, size_t n
   add(MemoryEvent{MemoryEvent::Action::kAlloc, device, address, nbytes, now(), 0, std::move(stack)});
 }
 
-void MemoryHistory::freed(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
-  record_use(device, -static_cast<int64_t>(nbytes));
-  if (ptr == nullptr) return;
+void MemoryHistory::record_freed(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
   auto address = reinterpret_cast<uintptr_t>(ptr);
   bool known = false;
   // Without a block recorded (history never on), no lock on each free.

@@ -2,8 +2,9 @@
 // What torch.zion.memory._record_memory_history keeps: every HBM allocation,
 // free and out-of-memory error, at the modeled host time it happened, with
 // the Python stack that asked for it (torch.cuda.memory's history, for zion).
-// The allocator reports here; nothing is kept while recording is off, except
-// each device's allocated bytes over modeled time (HbmSeries), always kept.
+// The allocator reports here; nothing is kept while recording is off. Each
+// device's allocated bytes over modeled time (HbmSeries) are always kept, by
+// the allocator under its pools' lock.
 
 #include <c10/core/Device.h>
 
@@ -81,6 +82,8 @@ struct HbmSeries {
 
  private:
   void coarsen();
+  // floor(bins.back().time_s / bin_s), the last bin's index, while bins is not empty.
+  double last_bin_ = 0.0;
 };
 
 class MemoryHistory {
@@ -89,21 +92,25 @@ class MemoryHistory {
   void configure(bool enabled, size_t max_entries, bool stacks);
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
-  void allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes);
-  void freed(c10::DeviceIndex device, const void* ptr, size_t nbytes);
+  // While recording is off (and no block recorded before is alive), an
+  // allocation or free takes no lock and reads no clock here.
+  void allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
+    if (enabled() && ptr != nullptr) record_allocated(device, ptr, nbytes);
+  }
+  void freed(c10::DeviceIndex device, const void* ptr, size_t nbytes) {
+    if (ptr != nullptr && (live_count_.load(std::memory_order_acquire) > 0 || enabled())) record_freed(device, ptr, nbytes);
+  }
   void out_of_memory(c10::DeviceIndex device, size_t nbytes, int64_t device_free);
 
   std::vector<MemoryEvent> events() const;  // oldest first, the last max_entries
   std::vector<MemoryBlock> live() const;    // allocations made while recording, still alive
-  // Allocated HBM of `device` over modeled time, as it stands at `now`.
+  // Allocated HBM of `device` over modeled time, as it stands at `now` (the allocator's series).
   HbmSeries hbm_series(c10::DeviceIndex device, double now) const;
 
  private:
   void add(MemoryEvent e);
-  void record_use(c10::DeviceIndex device, int64_t delta);
-
-  mutable std::mutex series_mutex_;
-  std::vector<HbmSeries> series_;  // per device, grown as devices are used
+  void record_allocated(c10::DeviceIndex device, const void* ptr, size_t nbytes);
+  void record_freed(c10::DeviceIndex device, const void* ptr, size_t nbytes);
 
   std::atomic<bool> enabled_{false};
   bool stacks_ = false;

@@ -18,12 +18,16 @@
 #include "sim/platform_topology.h"
 
 namespace zion::device {
+
+namespace detail {
+std::atomic<Runtime*> g_runtime_ptr{nullptr};
+}  // namespace detail
+using detail::g_runtime_ptr;
+
 namespace {
 
 std::mutex g_mutex;  // taken to make or replace the runtime
 std::unique_ptr<Runtime> g_runtime;
-// Read without the lock on every op (pricing, streams, device checks).
-std::atomic<Runtime*> g_runtime_ptr{nullptr};
 // Runtimes that set_platform replaced: another thread may still hold a
 // reference taken before the swap, so they stay alive (one per call).
 std::vector<std::unique_ptr<Runtime>> g_retired;
@@ -100,8 +104,7 @@ sim::DType model_dtype(c10::ScalarType t) {
   }
 }
 
-Runtime& runtime() {
-  if (Runtime* rt = g_runtime_ptr.load(std::memory_order_acquire)) return *rt;
+Runtime& detail::start_runtime() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {
     const char* name = std::getenv("ZION_PLATFORM");
@@ -114,7 +117,6 @@ Runtime& runtime() {
   return *g_runtime;
 }
 
-bool initialized() { return g_runtime_ptr.load(std::memory_order_acquire) != nullptr; }
 
 void set_platform(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(g_mutex);

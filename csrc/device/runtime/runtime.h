@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,11 +44,21 @@ struct Runtime {
 // the ATen op pricing and the sockets' CPU op pricing both ask.
 sim::DType model_dtype(c10::ScalarType t);
 
+namespace detail {
+// The runtime once made, read without a lock on every op (pricing, streams,
+// device checks); start_runtime makes it under the lock.
+extern std::atomic<Runtime*> g_runtime_ptr;
+Runtime& start_runtime();
+}  // namespace detail
+
 // The runtime, created on first use.
-Runtime& runtime();
+inline Runtime& runtime() {
+  if (Runtime* rt = detail::g_runtime_ptr.load(std::memory_order_acquire)) return *rt;
+  return detail::start_runtime();
+}
 // Replaces the platform; refused once the device is in use (pools hold memory).
 void set_platform(const sim::Platform& platform);
-bool initialized();
+inline bool initialized() { return detail::g_runtime_ptr.load(std::memory_order_acquire) != nullptr; }
 
 c10::DeviceIndex device_count();
 // The device count without starting the device: the started platform's, or
