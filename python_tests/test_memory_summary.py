@@ -4,7 +4,9 @@ keys for a zion device.
 The hand-worked case runs in a fresh interpreter, so nothing else has touched
 the device: a 1 MiB tensor (the small pool: CUDA's allocator serves requests
 of up to 1 MiB, its kSmallSize, from it), a 3 MiB one (the large pool) and a
-1 KiB one, then the 1 MiB one freed. Every figure of the table is worked out
+1 KiB one, then the 1 MiB one freed; two empty tensors beside them take
+nothing and are not counted, as on CUDA (its caching allocator skips a
+request of 0 bytes). Every figure of the table is worked out
 below from those four steps, and the table equals, line for line, what
 torch.cuda.memory_summary's own formatter prints for the same statistics
 with CUDA's names swapped for zion's.
@@ -29,6 +31,7 @@ import zion_emu  # noqa: F401
 a = torch.empty(MIB // 4, device="zion:3")      # 1 MiB: small pool
 b = torch.empty(3 * MIB // 4, device="zion:3")  # 3 MiB: large pool
 c = torch.empty(KIB // 4, device="zion:3")      # 1 KiB: small pool
+empty = [torch.empty(0, device="zion:3"), torch.zeros(0, 5, device="zion:3")]  # not counted
 del a
 stats = torch.zion.memory_stats(3)
 

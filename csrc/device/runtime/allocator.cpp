@@ -205,6 +205,9 @@ void* HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes
 c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   runtime();  // pools are sized by the platform
   c10::DeviceIndex device = current_device();
+  // An empty block, as in CUDA's caching allocator, takes nothing from the
+  // pool and is not counted: no bytes, no statistics, no history event.
+  if (nbytes == 0) return {nullptr, nullptr, &c10::detail::deleteNothing, c10::Device(c10::DeviceType::PrivateUse1, device)};
   // A large block is checked against the host and faulted in under one
   // host-wide lock, so the next process's check sees it (see HostMemoryLock).
   std::optional<HostMemoryLock> host_lock;
