@@ -57,6 +57,7 @@ def fresh():
     inference.reset()
     inference.track_forwards()
     yield
+    inference.stop_tracking_forwards()  # the hooks are global: later tests must not see them
     inference.reset()
     _C.timeline.set_recording(0)
 
@@ -240,3 +241,15 @@ def test_the_dlrm_examples_inference_flags_refuse_what_they_cannot_do(argv, mess
     with pytest.raises(SystemExit) as e:
         dlrm.parse_args(["--config", "tiny", *argv])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_stopping_the_tracking_of_forwards_removes_its_global_hooks():
+    from torch.nn.modules.module import _has_any_global_hook
+
+    inference.stop_tracking_forwards()
+    assert not _has_any_global_hook()
+    inference.track_forwards()
+    inference.track_forwards()  # idempotent: one pair of hooks
+    assert _has_any_global_hook()
+    inference.stop_tracking_forwards()
+    assert not _has_any_global_hook()  # torch.compile of a module would warn otherwise

@@ -55,7 +55,7 @@ import torch
 
 from zion_emu import _C
 
-__all__ = ["InferenceSnapshot", "latency_stats", "query", "queries", "reset", "snapshot", "track_forwards"]
+__all__ = ["InferenceSnapshot", "latency_stats", "query", "queries", "reset", "snapshot", "stop_tracking_forwards", "track_forwards"]
 
 _timeline = _C.timeline
 _D2H = "copy D2H"
@@ -139,6 +139,14 @@ def track_forwards() -> None:
         return
     _handles.append(register_module_forward_pre_hook(_pre_hook))
     _handles.append(register_module_forward_hook(_post_hook, always_call=True))
+
+
+def stop_tracking_forwards() -> None:
+    """Removes the global module hooks of :func:`track_forwards` (nothing
+    when it is off), so later code sees no global hook: torch.compile warns
+    about global hooks, for one."""
+    while _handles:
+        _handles.pop().remove()
 
 
 def reset() -> None:
