@@ -154,3 +154,39 @@ def test_sparse_tensors_stay_on_a_device_other_than_the_current_one():
     bag = torch.nn.EmbeddingBag(10, 4, sparse=True).to("zion:2")
     bag(torch.tensor([1, 2], device="zion:2"), torch.tensor([0], device="zion:2")).sum().backward()
     assert bag.weight.grad.device == bag.weight.grad._values().device == torch.device("zion:2")
+
+
+def test_sparse_ops_called_again_and_again_on_changing_arguments_stay_those_of_the_cpu():
+    # A sparse argument's CPU stand-in is reused from call to call (a spare kept per thread): each call
+    # must see its own indices, values, shape, dtype and coalesced flag, never the last call's.
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for rows, dim, nnz, dtype in [(7, 3, 5, torch.float32), (11, 2, 9, torch.float64), (7, 3, 0, torch.float32),
+                                  (5, 4, 12, torch.float32), (11, 2, 1, torch.float64)]:
+        i = torch.randint(0, rows, (1, nnz), generator=g)
+        v = torch.randn(nnz, dim, generator=g).to(dtype)
+        s = torch.sparse_coo_tensor(i, v, (rows, dim))
+        cases.append((s, torch.randn(rows, dim, generator=g).to(dtype)))
+        cases.append((s.coalesce(), torch.randn(rows, dim, generator=g).to(dtype)))
+    for _ in range(2):
+        for s, d in cases:
+            z, zd = s.to("zion"), d.to("zion")
+            assert torch.equal(zd.add_(z, alpha=0.5).cpu(), d.clone().add_(s, alpha=0.5))
+            assert z.is_coalesced() == s.is_coalesced()
+            c = z.coalesce()
+            assert c.is_coalesced() and torch.equal(c._indices().cpu(), s.coalesce()._indices())
+            assert torch.equal(c._values().cpu(), s.coalesce()._values())
+            assert torch.equal((z * 3).to_dense().cpu(), (s * 3).to_dense())
+
+
+def test_a_sparse_gradient_added_to_a_table_is_freed_when_dropped():
+    # The stand-in kept for the next call lets go of the gradient's indices and values: once the user
+    # drops the gradient, its HBM is free again.
+    table = torch.zeros(1000, 16, device="zion")
+    torch.zion.synchronize()
+    before = torch.zion.memory_allocated()
+    grad = torch.sparse_coo_tensor(torch.randint(0, 1000, (1, 300)), torch.randn(300, 16), (1000, 16)).to("zion")
+    assert torch.zion.memory_allocated() > before
+    table.add_(grad, alpha=-0.1)
+    del grad
+    assert torch.zion.memory_allocated() == before

@@ -16,6 +16,7 @@
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/_values_native.h>
 #include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_native.h>
 #include <ATen/ops/indices_native.h>
 #include <ATen/ops/is_coalesced_native.h>
@@ -23,6 +24,7 @@
 #include <ATen/ops/values_native.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -105,13 +107,91 @@ struct SparseTiming {
   at::Tensor storage_less_like(const at::Tensor& cpu) const { return storage_less_result(cpu, d, kWidth, device); }
 };
 
+// Spare CPU stand-ins. A sparse zion argument's CPU stand-in is made and
+// dropped on every call (PyTorch's constructor makes a SparseTensorImpl and
+// two empty tensors that the aliases then replace), so one that nothing holds
+// after its call is kept with its indices and values let go, and made the
+// next stand-in of its dtype on this thread. What it is then is exactly what
+// a fresh one would be: dims, sizes, indices, values and coalesced flag are
+// all set anew, and one that anything could have changed otherwise (a Python
+// object, autograd metadata, a shared or bumped version counter, other keys,
+// backend metadata) is dropped.
+constexpr size_t kMaxSpareStandIns = 4;
+
+using SpareStandIns = std::vector<c10::intrusive_ptr<c10::TensorImpl>>;
+
+SpareStandIns& spare_stand_ins() {
+  thread_local SpareStandIns spares;
+  return spares;
+}
+
+at::Tensor fresh_stand_in(int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef sizes, const at::Tensor& indices,
+                          const at::Tensor& values, bool coalesced) {
+  return new_sparse_with_tensors(sparse_dim, dense_dim, c10::fromIntArrayRefSlow(sizes), indices, values,
+                                 values.scalar_type(), c10::Layout::Sparse, c10::Device(c10::DeviceType::CPU),
+                                 std::nullopt, coalesced);
+}
+
+// The keys of a fresh CPU stand-in, outside inference mode.
+const c10::DispatchKeySet& stand_in_keys() {
+  static const c10::DispatchKeySet keys = [] {
+    c10::InferenceMode normal(false);
+    return fresh_stand_in(1, 0, {0}, at::empty({1, 0}, at::kLong), at::empty({0}), false).key_set();
+  }();
+  return keys;
+}
+
+// A CPU sparse tensor over `indices` and `values` (CPU aliases): a spare if one of its dtype is kept.
+at::Tensor stand_in(int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef sizes, const at::Tensor& indices,
+                    const at::Tensor& values, bool coalesced) {
+  SpareStandIns& spares = spare_stand_ins();
+  if (!c10::InferenceMode::is_enabled()) {
+    for (auto it = spares.begin(); it != spares.end(); ++it) {
+      if ((*it)->dtype() != values.dtype()) continue;
+      at::Tensor t(std::move(*it));
+      spares.erase(it);
+      at::SparseTensorImpl* impl = at::sparse::get_sparse_impl(t);
+      impl->raw_resize_(sparse_dim, dense_dim, sizes);
+      impl->set_indices_and_values_unsafe(indices, values);
+      impl->set_coalesced(coalesced);
+      return t;
+    }
+  }
+  return fresh_stand_in(sparse_dim, dense_dim, sizes, indices, values, coalesced);
+}
+
+// `t` (a stand-in after its call) as a spare, or dropped.
+void keep_stand_in(at::Tensor&& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (t.use_count() != 1 || t.weak_use_count() != 1 || impl->key_set() != stand_in_keys() || impl->is_inference() ||
+      !impl->version_counter().unique() || impl->version_counter().current_version() != 0 ||
+      impl->autograd_meta() != nullptr || impl->pyobj_slot()->load_pyobj() != nullptr || impl->is_wrapped_number() ||
+      !impl->allow_tensor_metadata_change() || impl->get_backend_meta() != nullptr || impl->has_symbolic_sizes_strides()) {
+    return;
+  }
+  SpareStandIns& spares = spare_stand_ins();
+  if (spares.size() >= kMaxSpareStandIns) return;
+  impl->release_resources();  // lets go of its indices and values, aliases of zion tensors
+  spares.push_back(t.getIntrusivePtr());
+}
+
 struct SparseCall {
   const c10::OperatorHandle& op;
   c10::DeviceIndex device = -1;
   std::unique_ptr<AliasSet> aliases;
+  std::vector<at::Tensor> stand_ins;  // the CPU stand-ins of sparse arguments, kept as spares at the end
   std::unordered_map<c10::TensorImpl*, at::Tensor> zion_of;  // CPU stand-in -> zion argument
   std::vector<at::Tensor> inputs;
   std::optional<SparseTiming> timing;  // storage-less arguments (timing-only mode)
+
+  SparseCall(const c10::OperatorHandle& op) : op(op) {}
+  SparseCall(const SparseCall&) = delete;
+  SparseCall& operator=(const SparseCall&) = delete;
+  // Before the aliases go: a stand-in kept as a spare first lets go of its aliases.
+  ~SparseCall() {
+    inputs.clear();
+    for (at::Tensor& t : stand_ins) keep_stand_in(std::move(t));
+  }
 
   AliasSet& set() {
     if (!aliases) aliases = std::make_unique<AliasSet>(device < 0 ? current_device() : device);
@@ -129,10 +209,9 @@ struct SparseCall {
       TORCH_CHECK(!is_storage_less(t._indices()), "zion timing-only: ", op.schema().operator_name(),
                   " needs the indices of a sparse tensor, and they were computed from storage-less floats");
       const bool narrow = timing && timing->narrows(t._values());
-      cpu = new_sparse_with_tensors(t.sparse_dim(), t.dense_dim(), c10::fromIntArrayRefSlow(timing ? timing->narrowed(t.sizes(), narrow)
-                                                                                                    : t.sizes().vec()),
-                                    set().alias(t._indices()), values, t.scalar_type(), c10::Layout::Sparse,
-                                    c10::Device(c10::DeviceType::CPU), std::nullopt, t.is_coalesced());
+      const std::vector<int64_t> sizes = timing ? timing->narrowed(t.sizes(), narrow) : t.sizes().vec();
+      cpu = stand_in(t.sparse_dim(), t.dense_dim(), sizes, set().alias(t._indices()), values, t.is_coalesced());
+      stand_ins.push_back(cpu);
     } else if (timing && is_storage_less(t)) {
       cpu = timing->zeros_for(t);
     } else {
@@ -242,7 +321,7 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // The CPU kernel works for the device: its scratch is not a socket's DDR,
   // and its ops are not charged to a socket scope's track (sockets.cpp).
   KernelHostMemory::Scope kernel_memory;
-  SparseCall call{op};
+  SparseCall call(op);
   if (storage_less) {
     call.timing = sparse_timing_of(schema, stack);
     call.device = call.timing->device;
