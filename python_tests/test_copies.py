@@ -84,3 +84,43 @@ def test_pinned_out_of_memory_names_the_socket_and_loses_nothing():
     with pytest.raises(torch.OutOfMemoryError, match=r"out of DDR on socket 0 \(pinned host memory\).*of its 384.00 GiB"):
         torch.empty(capacity // 4 + 1, pin_memory=True)
     assert keep.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0] and keep.is_pinned()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(24, dtype=torch.float32).reshape(2, 3, 4),  # contiguous: copied as bytes
+    lambda: torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).permute(2, 0, 1),  # dense, permuted
+    lambda: torch.arange(48, dtype=torch.float32).reshape(4, 12)[:, ::2],  # strided, with gaps
+    lambda: torch.arange(6, dtype=torch.float32).expand(4, 6),  # overlapping (stride 0)
+    lambda: torch.randn(3, 5, dtype=torch.complex64).conj(),  # lazy conjugate bit
+    lambda: torch.tensor([True, False, True]),
+    lambda: torch.tensor(7, dtype=torch.int16),  # zero-dim
+    lambda: torch.randn(70000),  # over copy_'s grain size: copy_ on several threads
+])
+def test_small_and_large_copies_both_ways_are_bit_exact_with_the_same_layout(make):
+    x = make()
+    z = x.to("zion")
+    assert z.stride() == torch.empty_like(x).stride()  # preserve_format, as on the CPU
+    back = z.cpu()
+    assert back.dtype == x.dtype and back.shape == x.shape
+    assert torch.equal(back.resolve_conj(), x.resolve_conj())
+    d = torch.empty_like(x.resolve_conj(), device="zion")
+    d.copy_(x)
+    assert torch.equal(d.cpu(), x.resolve_conj())
+    out = torch.empty_like(x.resolve_conj())
+    out.copy_(z)
+    assert torch.equal(out, x.resolve_conj())
+
+
+def test_a_copy_within_one_zion_tensor_is_that_of_the_cpu():
+    x = torch.arange(10, dtype=torch.float32)
+    z = x.to("zion")
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        x[2:8].copy_(x[0:6])
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        z[2:8].copy_(z[0:6])  # a partial overlap, refused as on the CPU
+    assert torch.equal(z.cpu(), x)
+    x[5:].copy_(x[:5])
+    z[5:].copy_(z[:5])  # disjoint parts of one tensor
+    assert torch.equal(z.cpu(), x)
+    z.copy_(z)
+    assert torch.equal(z.cpu(), x)

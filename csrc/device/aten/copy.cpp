@@ -1,6 +1,9 @@
 #include "device/aten/copy.h"
 
+#include <ATen/TensorIterator.h>
 #include <c10/util/Exception.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <limits>
@@ -90,6 +93,24 @@ sim::Interval transfer(Runtime& rt, int device, int stream, int src, int dst, do
   return in;
 }
 
+// Whether copy_ from `src` to `dst` writes exactly src's bytes as they lie:
+// the same dtype, sizes and strides over a dense block of memory, the same
+// lazy conj and neg bits, no overlap. A small copy like that (a batch moved
+// to the device) is one memcpy; copy_ on CPU aliases would build a
+// TensorIterator for it. From at::internal::GRAIN_SIZE elements on, copy_
+// runs on several threads, and it keeps those.
+bool copies_as_bytes(const at::Tensor& src, const at::Tensor& dst) {
+  if (src.numel() == 0 || src.numel() >= at::internal::GRAIN_SIZE || src.dtype() != dst.dtype() ||
+      src.is_conj() != dst.is_conj() || src.is_neg() != dst.is_neg() || src.is_quantized() || dst.is_quantized() ||
+      !src.sizes().equals(dst.sizes()) || !src.strides().equals(dst.strides()) || !src.is_non_overlapping_and_dense()) {
+    return false;
+  }
+  const auto* s = static_cast<const char*>(src.const_data_ptr());
+  const auto* d = static_cast<const char*>(dst.const_data_ptr());
+  const size_t n = src.nbytes();
+  return s + n <= d || d + n <= s;
+}
+
 }  // namespace
 
 std::vector<sim::Seconds> link_free_times() {
@@ -120,6 +141,13 @@ void copy_between(const at::Tensor& src, const at::Tensor& dst, bool non_blockin
                                                                  : "a copy to host memory (.cpu(), .tolist(), printing)");
     at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
     d.zero_();
+  } else if (src.device().is_privateuseone() && dst.device().is_privateuseone() && src.storage().is_alias_of(dst.storage())) {
+    // Within one zion storage: one CPU alias of it for both sides, so copy_
+    // sees the overlap as it does on the CPU (and refuses a partial one).
+    AliasSet aliases(dst.device().index());
+    aliases.alias(dst).copy_(aliases.alias(src), non_blocking);
+  } else if (copies_as_bytes(src, dst)) {
+    std::memcpy(dst.mutable_data_ptr(), src.const_data_ptr(), src.nbytes());
   } else {
     at::Tensor s = src.device().is_privateuseone() ? cpu_alias(src) : src;
     at::Tensor d = dst.device().is_privateuseone() ? cpu_alias(dst) : dst;
