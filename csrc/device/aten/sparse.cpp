@@ -66,11 +66,6 @@ at::Tensor new_sparse_with_dims(int64_t sparse_dim, int64_t dense_dim, c10::IntA
   return at::native::new_with_dims_sparse(sparse_dim, dense_dim, size, dtype, layout, device, pin_memory);
 }
 
-at::Tensor sparse_like(const at::Tensor& like, const at::Tensor& indices, const at::Tensor& values, c10::Device device) {
-  return new_sparse_with_tensors(like.sparse_dim(), like.dense_dim(), like.sym_sizes(), indices, values,
-                                 like.scalar_type(), c10::Layout::Sparse, device, std::nullopt, like.is_coalesced());
-}
-
 // Timing-only mode: a sparse op with storage-less values (an embedding
 // gradient, an optimizer's sparse state). Indices are real, so the CPU kernel
 // runs on them with narrow zero stand-ins for the storage-less floats: the
@@ -449,8 +444,20 @@ void refuse_layout(c10::Layout layout, const std::string& what) {
 }
 
 at::Tensor sparse_to_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceIndex device) {
-  return sparse_like(t, aliases.to_zion(t._indices()), aliases.to_zion(t._values()),
-                     c10::Device(c10::DeviceType::PrivateUse1, device));
+  const at::SparseTensorImpl* cpu = at::sparse::get_sparse_impl(t);
+  at::Tensor indices = aliases.to_zion(cpu->indices());
+  at::Tensor values = aliases.to_zion(cpu->values());
+  // As _sparse_coo_tensor_with_dims_and_tensors makes it, without its resize
+  // checks and detached copies: the indices and values are new tensors that
+  // only this sparse tensor holds, and its sizes are the CPU result's.
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  at::Tensor z = at::detail::make_tensor<at::SparseTensorImpl>(c10::DispatchKeySet(c10::DispatchKey::SparsePrivateUse1),
+                                                               t.dtype());
+  at::SparseTensorImpl* impl = at::sparse::get_sparse_impl(z);
+  impl->raw_resize_(cpu->sparse_dim(), cpu->dense_dim(), t.sizes());
+  impl->set_indices_and_values_unsafe(indices, values);
+  impl->set_coalesced(cpu->coalesced());
+  return z;
 }
 
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
