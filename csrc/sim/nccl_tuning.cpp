@@ -345,8 +345,7 @@ void NcclTuning::tune_across_nodes() {
   const int gen = generation_index(cc);
   const int column = nodes <= 2 ? nodes - 1 : 2;  // index2: N2 or N4
   const double ll_max_bw = kLLMaxBwAcrossNodes[in.amd_cpu ? 1 : 0][column];
-  const double ppn = static_cast<double>(n) / nodes;
-  const int local = n / nodes;  // nRanks / nNodes, integer
+  const int local = n / nodes;  // nRanks / nNodes
   const double net_overhead = in.amd_cpu ? kNetOverheadAmd : kNetOverheadIntel;
   int log2_nodes = 0;  // log2i(nNodes)
   for (int v = nodes; v >>= 1;) ++log2_nodes;
@@ -373,7 +372,8 @@ void NcclTuning::tune_across_nodes() {
         double bus = g.channels * per_channel;
         if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL) bus = std::min(ll_max_bw, bus * 0.5);
         if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL128) {
-          bus = std::min(bus * (ppn < 2 ? 0.7 : 0.92), g.channels * kPerChMaxRingLL128BwByNodes[gen][column]);
+          // 0.92 with two or more GPUs per node (NCCL takes 0.7 below 2, which is refused here).
+          bus = std::min(bus * 0.92, g.channels * kPerChMaxRingLL128BwByNodes[gen][column]);
         }
         if (algo == NcclAlgorithm::kTree) {
           bus = std::min(bus * 0.92, g.channels * kPerChMaxTreeBwByNodes[gen][column]);

@@ -40,9 +40,9 @@
 // search's per-channel speed capped by the GPU-to-NIC path), ring and
 // balanced tree graphs with bwIntra / bwInter; ncclTopoTuneModel's
 // bandwidths (bwIntra up to 2 nodes, bwInter beyond; the N2 / N4 columns of
-// the per-channel caps; llMaxBw by CPU vendor; LL128 x 0.7 at one GPU per
-// node, tree LL128 x 120/128) and latencies (hwLat[NET], the NIC's post
-// overhead, ring inter-node steps, tree log2(nodes) inter-node hops); and
+// the per-channel caps; llMaxBw by CPU vendor; tree LL128 x 120/128) and
+// latencies (hwLat[NET], the NIC's post overhead, ring inter-node steps,
+// tree log2(nodes) inter-node hops); and
 // ncclTopoGetAlgoTime's ring plateau (Simple all_reduce latency x 1.4, x 1.9
 // before Ampere). NVLS is not offered across nodes (NCCL needs CollNet for
 // it there); NVLSTree and CollNet are not modeled. Both time models charge
