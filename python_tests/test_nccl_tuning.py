@@ -529,3 +529,253 @@ def test_time_model_option_prices_the_tuners_choice(name):
 def test_time_model_must_be_tuner_or_pipeline():
     with pytest.raises(Exception, match=r"time_model.*allowed.*tuner.*pipeline|tuner, pipeline"):
         zion_emu.load_platform("hgx-a100", overrides={"collectives.nccl_tuner.time_model": "fast"})
+
+
+# --- more than one node ---------------------------------------------------------
+#
+# NCCL v2.21.5 across nodes (src/graph/search.cc ncclTopoCompute with NICs,
+# src/graph/tuning.cc ncclTopoTuneModel and ncclTopoGetAlgoTime), worked by
+# hand for nodes of 8 GPUs of the presets.
+#
+# GPU-to-NIC path (system->maxBw): min(NIC speed / 8, PCIe x16 links).
+#   hgx-h100: min(400 / 8 = 50, 16 x 3.0 = 48) = 48 GB/s; 8 NICs, two per PCIe
+#   switch with two GPUs each (each NIC at PIX from two GPUs).
+#   hgx-a100: min(200 / 8 = 25, 16 x 1.5 = 24) = 24 GB/s; 8 NICs likewise.
+# Ring search (speedArrayInter / sm90SpeedArrayInter; one channel per NIC at
+# a speed above half the path): H100 48 GB/s, 8 channels x 48 = 384 >= the
+# GPU's 18 x 20.6 = 370.8 GB/s: done; ncclTopoDupChannels keeps them (Hopper,
+# < 50 GB/s, > 4 channels). A100 24 GB/s, 8 x 24 = 192; 12 GB/s gives 16 x 12
+# = 192, not more, and 10 / 24 < 0.49 ends pass 1; 24 < 25 is not duplicated;
+# pass 2: 28, 30, 48 exceed the NIC. Ring graphs: bwIntra = bwInter.
+# Balanced tree: the ring's 8 channels at the first speed that fits: 48 (H100),
+# 24 (A100); pass 2 raises bwIntra alone while below 2 x bwInter and the
+# NVLink chains fit: H100 is already at the top speed; A100 28 then 30
+# (8 x 30 = 240 = the GPU's 12 x 20 GB/s), 48 does not fit.
+# The communicator's channels: 2 x min(8, 8) = 16 (ncclTopoPostset).
+#
+# ncclTopoTuneModel: bw per channel = bwIntra up to 2 nodes, bwInter beyond;
+# the N2 column (index2 = 1) at 2 nodes, N4 (index2 = 2) at 16; llMaxBw by
+# CPU vendor (H100 preset Intel: llMaxBws[0] = {39.0, 39.0, 20.4}; A100 preset
+# AMD: llMaxBws[1] = {87.7, 22.5, 19.0}); perChMaxRingLL128Bws Ampere 20.0,
+# Hopper 36.7; perChMaxTreeBws Ampere {24.0, 23.6, 17.8}, Hopper {38.7, 41.4,
+# 36.0}; perChMaxTreeLL128Bws Ampere 20.0, Hopper {36.7, 36.7, 29.0}; tree
+# LL128 x 120/128 across nodes. NVLS is off across nodes (no CollNet).
+# Latency: ring all_reduce nsteps = 2(N - 1), nInterSteps = 2 x nNodes:
+# baseLat + (nsteps - nInterSteps) x max(hwLat[NVLINK], netOverhead) +
+# nInterSteps x hwLat[NET]; netOverhead Intel 1 us, AMD 2 us, x 3 for Simple.
+# hwLat[NET] Ring {2.7, 4.0, 14.0}, Tree {5.0, 8.5, 28}. Tree: baseLat +
+# 2 x ((N / nNodes - 1) x hwLat[NVLINK] + log2(nNodes) x hwLat[NET]).
+# ncclTopoGetAlgoTime: ring Simple all_reduce latency x 1.4 (Ampere and
+# later) once nBytes / (16 channels x N) >= 64.
+
+H100_N = 18 * 20.6  # the GPU's NVLink (system->totalBw)
+NET_RING = {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}   # hwLat[NET][Ring]
+NET_TREE = {"LL": 5.0, "LL128": 8.5, "Simple": 28.0}   # hwLat[NET][Tree]
+NVL_RING = {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}    # hwLat[NVLINK][Ring]
+NVL_TREE = {"LL": 0.6, "LL128": 1.25, "Simple": 28.0}  # hwLat[NVLINK][Tree]
+BASE_RING = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}
+BASE_TREE = {"LL": 6.8, "LL128": 14.0, "Simple": 0.0}
+
+
+def _ring_lat(nranks, nnodes, overhead):
+    nsteps, inter = 2 * (nranks - 1), 2 * nnodes
+    return {p: BASE_RING[p] + (nsteps - inter) * max(NVL_RING[p], overhead * (3 if p == "Simple" else 1))
+            + inter * NET_RING[p] for p in BASE_RING}
+
+
+def _tree_lat(ppn, log2_nodes):
+    return {p: BASE_TREE[p] + 2 * ((ppn - 1) * NVL_TREE[p] + log2_nodes * NET_TREE[p]) for p in BASE_TREE}
+
+
+# (preset, nodes): ring and tree (channels, bwIntra, bwInter), the all_reduce
+# table (GB/s of algorithm bandwidth before the tree factor, us before the plateau).
+ACROSS = {
+    ("hgx-h100", 2): dict(
+        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0),
+        bw={("Ring", "LL"): min(39.0, 8 * 48 * 0.5) * 16 / 30,             # 20.8
+            ("Ring", "LL128"): min(8 * 48 * 0.92, 8 * 36.7) * 16 / 30,     # 293.6 x 16/30 = 156.587
+            ("Ring", "Simple"): 8 * 48 * 16 / 30,                          # 204.8
+            ("Tree", "LL"): min(min(8 * 48 * 0.92, 8 * 41.4) / 3.8, 39.0) * 0.5,  # 331.2 -> 39 x 0.5 = 19.5
+            ("Tree", "LL128"): min(331.2 * 120 / 128, 8 * 36.7) * 0.5,     # 146.8
+            ("Tree", "Simple"): 331.2 * 0.5},                              # 165.6
+        # ring 43.4 / 79.4 / 152.8; tree 25.2 / 48.5 / 448
+        lat={**{("Ring", p): v for p, v in _ring_lat(16, 2, 1.0).items()},
+             **{("Tree", p): v for p, v in _tree_lat(8, 1).items()}}),
+    ("hgx-h100", 16): dict(
+        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0),
+        bw={("Ring", "LL"): min(20.4, 8 * 48 * 0.5) * 128 / 254,           # 10.280
+            ("Ring", "LL128"): min(8 * 48 * 0.92, 8 * 36.7) * 128 / 254,   # 147.956
+            ("Ring", "Simple"): 8 * 48 * 128 / 254,                        # 193.512
+            ("Tree", "LL"): min(min(8 * 48 * 0.92, 8 * 36.0) / 3.8, 20.4) * 0.5,  # 288 -> 20.4 x 0.5 = 10.2
+            ("Tree", "LL128"): min(288 * 120 / 128, 8 * 29.0) * 0.5,       # 232 x 0.5 = 116
+            ("Tree", "Simple"): 288 * 0.5},                                # 144
+        # ring 315.0 / 563.8 / 1211.2; tree 55.2 / 99.5 / 616
+        lat={**{("Ring", p): v for p, v in _ring_lat(128, 16, 1.0).items()},
+             **{("Tree", p): v for p, v in _tree_lat(8, 4).items()}}),
+    ("hgx-a100", 2): dict(
+        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0),
+        bw={("Ring", "LL"): min(22.5, 8 * 24 * 0.5) * 16 / 30,             # 12.0
+            ("Ring", "LL128"): min(8 * 24 * 0.92, 8 * 20.0) * 16 / 30,     # 160 x 16/30 = 85.333
+            ("Ring", "Simple"): 8 * 24 * 16 / 30,                          # 102.4
+            # tree at 2 nodes: bwIntra 30
+            ("Tree", "LL"): min(min(8 * 30 * 0.92, 8 * 23.6) / 3.8, 22.5) * 0.5,  # 188.8 -> 22.5 x 0.5 = 11.25
+            ("Tree", "LL128"): min(188.8 * 120 / 128, 8 * 20.0) * 0.5,     # 80
+            ("Tree", "Simple"): 188.8 * 0.5},                              # 94.4
+        # ring 69.4 / 82.0 / 220.4 (AMD: netOverhead 2 us); tree 25.2 / 48.5 / 448
+        lat={**{("Ring", p): v for p, v in _ring_lat(16, 2, 2.0).items()},
+             **{("Tree", p): v for p, v in _tree_lat(8, 1).items()}}),
+    ("hgx-a100", 16): dict(
+        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0),
+        bw={("Ring", "LL"): min(19.0, 8 * 24 * 0.5) * 128 / 254,           # 9.575
+            ("Ring", "LL128"): min(8 * 24 * 0.92, 8 * 20.0) * 128 / 254,   # 80.630
+            ("Ring", "Simple"): 8 * 24 * 128 / 254,                        # 96.756
+            # tree beyond 2 nodes: bwInter 24
+            ("Tree", "LL"): min(min(8 * 24 * 0.92, 8 * 17.8) / 3.8, 19.0) * 0.5,  # 142.4 -> 19 x 0.5 = 9.5
+            ("Tree", "LL128"): min(142.4 * 120 / 128, 8 * 20.0) * 0.5,     # 133.5 x 0.5 = 66.75
+            ("Tree", "Simple"): 142.4 * 0.5},                              # 71.2
+        # ring 537.0 / 586.0 / 1788.4; tree 55.2 / 99.5 / 616
+        lat={**{("Ring", p): v for p, v in _ring_lat(128, 16, 2.0).items()},
+             **{("Tree", p): v for p, v in _tree_lat(8, 4).items()}}),
+}
+# treeCorrectionFactor at log2(nBytes / 64): 8 B -> 0, 64 KiB -> 10, 1 MiB -> 14, 16 MiB -> 18, 1 GiB -> 24 (none).
+TREE_FACTOR = {8: {"LL": 1.0, "LL128": 1.0, "Simple": 0.9}, 64 * KIB: {"LL": 0.6, "LL128": 0.6, "Simple": 0.6},
+               MIB: {"LL": 0.5, "LL128": 0.6, "Simple": 0.5}, 16 * MIB: {"LL": 0.9, "LL128": 0.9, "Simple": 0.7},
+               GIB: {"LL": 1.0, "LL128": 1.0, "Simple": 1.0}}
+# The pair of least hand-worked time, per size (see _hand_times).
+ACROSS_CHOICE = {
+    # 8 B: tree LL 25.2 us vs ring LL 43.4; 1 MiB: tree LL128 48.5 + 1 MiB / (146.8 x 0.6) = 60.40 vs ring
+    # LL128 79.4 + 6.70; 16 MiB: tree LL128 48.5 + 126.98 = 175.48 vs ring LL128 186.54; 1 GiB: ring Simple
+    # 152.8 x 1.4 + 5242.88 = 5456.80 vs tree Simple 448 + 6483.95.
+    ("hgx-h100", 2): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
+    ("hgx-h100", 16): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
+    # 16 MiB at 2 nodes: ring LL128 82.0 + 16 MiB / 85.333 = 278.61 vs tree LL128 48.5 + 16 MiB / 72 = 281.52.
+    ("hgx-a100", 2): ["Tree/LL", "Tree/LL", "Tree/LL128", "Ring/LL128", "Ring/Simple"],
+    ("hgx-a100", 16): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
+}
+SIZES = [8, 64 * KIB, MIB, 16 * MIB, GIB]
+
+
+def _hand_times(key, size):
+    t = ACROSS[key]
+    nranks = 8 * key[1]
+    out = {}
+    for (algo, proto), gbps in t["bw"].items():
+        lat = t["lat"][algo, proto]
+        if algo == "Ring" and proto == "Simple" and size // (16 * nranks) >= 64:
+            lat *= 1.4  # the ring plateau
+        if algo == "Tree":
+            gbps *= TREE_FACTOR[size][proto]
+        out[algo, proto] = us(lat, size, gbps)
+    return out
+
+
+@pytest.mark.parametrize("key", list(ACROSS))
+def test_channel_search_across_nodes(key):
+    name, nodes = key
+    cc, nic = (90, 48.0) if name == "hgx-h100" else (80, 24.0)
+    nvlink = H100_N if name == "hgx-h100" else 12 * 20.0
+    t = sim.NcclTuning(cc, 8 * nodes, nvlink, cc >= 90, nodes=nodes, nics=8, nic_gb_per_s=nic,
+                       amd_cpu=name == "hgx-a100")
+    assert t.graph_across_nodes("Ring") == ACROSS[key]["ring"]
+    assert t.graph_across_nodes("Tree") == ACROSS[key]["tree"]
+    assert t.graph("NVLS") == (0, 0.0)  # no NVLS graph across nodes (NVLS needs CollNet there)
+    assert t.collective_channels == 16
+
+
+@pytest.mark.parametrize("key", list(ACROSS))
+def test_latency_and_bandwidth_across_nodes(key):
+    name, nodes = key
+    t = sim.NcclTuning(*((90, 8 * nodes, H100_N, True) if name == "hgx-h100" else (80, 8 * nodes, 240.0, False)),
+                       nodes=nodes, nics=8, nic_gb_per_s=48.0 if name == "hgx-h100" else 24.0,
+                       amd_cpu=name == "hgx-a100")
+    nranks = 8 * nodes
+    for size in SIZES:
+        got = {(c["algorithm"], c["protocol"]): c for c in t.candidates("all_reduce", size)}
+        assert set(got) == set(ACROSS[key]["bw"]), size  # Ring and Tree only: no NVLS across nodes
+        for (algo, proto), gbps in ACROSS[key]["bw"].items():
+            factor = TREE_FACTOR[size][proto] if algo == "Tree" else 1.0
+            lat = ACROSS[key]["lat"][algo, proto]
+            if algo == "Ring" and proto == "Simple" and size // (16 * nranks) >= 64:
+                lat *= 1.4
+            assert got[algo, proto]["bandwidth"] == approx(gbps * factor * 1e9, rel=1e-12), (size, algo, proto)
+            assert got[algo, proto]["latency"] == approx(lat * 1e-6, rel=1e-12), (size, algo, proto)
+
+
+@pytest.mark.parametrize("key", list(ACROSS))
+def test_pair_chosen_per_size_across_nodes_on_the_presets(key):
+    name, nodes = key
+    p = zion_emu.load_platform(name, overrides={"nodes": nodes})
+    for size, expected in zip(SIZES, ACROSS_CHOICE[key]):
+        times = _hand_times(key, size)
+        best = min(times, key=times.get)
+        assert "/".join(best) == expected, size
+        r = sim.collective(p, "all_reduce", size, 8 * nodes)
+        algo, proto = expected.split("/")
+        assert (r.algorithm, r.protocol) == (MODEL_NAME[algo], proto), size
+        assert r.time * 1e6 == approx(times[best], rel=1e-9), size
+        assert r.closed_form
+
+
+def test_other_collectives_across_nodes():
+    # hgx-h100, 2 nodes (16 ranks), ring only (NVLS is off across nodes).
+    # all_gather: nsteps 15, nInterSteps nNodes - 1 = 1, ratio 16/15:
+    # LL 6.6 + 14 x max(0.6, 1.0) + 1 x 2.7 = 23.3 us at min(39, 192) x 16/15 = 41.6 GB/s.
+    # broadcast: the channels are not the same ring each (sameChannels 0):
+    # nsteps = 16 x hwLat[NET][Ring][LL] 2.7: 6.6 + 43.2 = 49.8 us at 39 GB/s.
+    p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2})
+    g = sim.collective(p, "all_gather", 8, 16)
+    assert (g.algorithm, g.protocol) == ("ring", "LL")
+    assert g.time * 1e6 == approx(us(23.3, 8, 39.0 * 16 / 15), rel=1e-9)
+    b = sim.collective(p, "broadcast", 8, 16)
+    assert (b.algorithm, b.protocol) == ("ring", "LL")
+    assert b.time * 1e6 == approx(us(6.6 + 16 * 2.7, 8, 39.0), rel=1e-9)
+    # Large all_gather: Simple 8.4 + 14 x 3.4 + 14.0 = 70.0 us at 384 x 16/15 = 409.6 GB/s (no plateau
+    # outside all_reduce) vs LL128 14.0 + 14 x 1.9 + 4.0 = 44.6 us at 293.6 x 16/15.
+    big = sim.collective(p, "all_gather", GIB, 16)
+    assert (big.algorithm, big.protocol) == ("ring", "Simple")
+    assert big.time * 1e6 == approx(us(70.0, GIB, 409.6), rel=1e-9)
+
+
+def test_one_node_communicators_on_a_multi_node_platform_are_unchanged():
+    # hgx-h100 with 2 nodes: the 16-rank communicator is priced by the tuner
+    # (tree LL at 8 B, above); 8 ranks inside node 0 or inside node 1 give
+    # exactly the one-node figures of H100_CASES.
+    p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2})
+    assert sim.collective(p, "all_reduce", 8, 16).protocol == "LL"
+    for devices in (list(range(8)), list(range(8, 16))):
+        for size, algo, proto, time_us, _ in H100_CASES:
+            r = sim.collective(p, "all_reduce", size, devices)
+            assert (r.algorithm, r.protocol) == (MODEL_NAME[algo], proto), size
+            assert r.time * 1e6 == approx(time_us, rel=1e-12), size
+
+
+def test_communicators_the_model_does_not_cover_across_nodes_keep_the_topology_model():
+    # Two GPUs on each node on one PCIe switch (GPUs 0, 1 with NICs 0, 1) are
+    # priced by the tuner: ring search 2 NICs x 48 GB/s (2 x 48 = 96; 45 ... 24
+    # give no more; 22 / 48 < 0.49 ends pass 1), duplicated (2 channels, not
+    # > 4) to 4 x 24; pass 2 finds no higher speed with 4 channels (the 2 NICs
+    # carry one each above 24 GB/s). Tree: 4 channels fit first at 24 GB/s;
+    # bwIntra raised to 48.
+    p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2})
+    t = sim.NcclTuning(90, 4, H100_N, True, nodes=2, nics=2, nic_gb_per_s=48.0)
+    assert t.graph_across_nodes("Ring") == (4, 24.0, 24.0)
+    assert t.graph_across_nodes("Tree") == (4, 48.0, 24.0)
+    assert sim.collective(p, "all_reduce", MIB, [0, 1, 8, 9]).protocol != ""
+    # One GPU per node, different GPUs per node, and NICs without GPUDirect: the topology model.
+    assert sim.collective(p, "all_reduce", MIB, [0, 8]).protocol == ""
+    assert sim.collective(p, "all_reduce", MIB, [0, 1, 8, 10]).protocol == ""
+    no_gdr = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2, "nic.gpudirect": False})
+    assert sim.collective(no_gdr, "all_reduce", MIB, 16).protocol == ""
+    with pytest.raises(ValueError, match="same number of GPUs on each node"):
+        sim.NcclTuning(90, 15, H100_N, True, nodes=2, nics=8, nic_gb_per_s=48.0)
+
+
+def test_pipeline_time_model_keeps_the_tuners_time_across_nodes():
+    # time_model "pipeline" times rings within a node; across nodes it keeps
+    # the tuner's time (1 GiB on 2 H100 nodes: ring Simple 5456.80 us).
+    p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2, "collectives.nccl_tuner.time_model": "pipeline"})
+    r = sim.collective(p, "all_reduce", GIB, 16)
+    assert (r.algorithm, r.protocol) == ("ring", "Simple")
+    assert r.time * 1e6 == approx(_hand_times(("hgx-h100", 2), GIB)["Ring", "Simple"], rel=1e-9)
+    t = sim.NcclTuning(90, 16, H100_N, True, nodes=2, nics=8, nic_gb_per_s=48.0)
+    assert t.launch("all_reduce", GIB, "Ring", "Simple")["modeled"] is False

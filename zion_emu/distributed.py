@@ -230,8 +230,10 @@ def last_collective(group: "dist.ProcessGroup | None" = None) -> dict[str, Any]:
     It is None when the topology model priced the call: the group forces an
     algorithm or a link model other than ``fair``, the platform has the tuner
     off (``collectives.nccl_tuner.enabled``) or a fabric other than an NVSwitch,
-    the ranks span nodes, or the op is one NCCL does not tune (all_to_all,
-    gather, scatter, send/recv)."""
+    the ranks span nodes in a way the tuner's model across nodes does not cover
+    (one GPU per node, different GPUs on different nodes, no NIC at PIX distance
+    from two of them, no GPUDirect RDMA), or the op is one NCCL does not tune
+    (all_to_all, gather, scatter, send/recv)."""
     return backend(group).last_collective()
 
 

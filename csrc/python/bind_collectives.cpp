@@ -102,21 +102,29 @@ void bind_collectives(py::module_& sim) {
       "NPU's contribution); bandwidth in GB/s of 2^30 B, local memory in GB/s of 10^9 B.");
 
   py::class_<NcclTuning>(sim, "NcclTuning",
-                         "NCCL v2.21.5's tuning model for the GPUs of one NVSwitch node: latency + bytes / bandwidth "
-                         "per (algorithm, protocol), the least time chosen")
-      .def(py::init([](int compute_capability, int ranks, double nvlink_gb_per_s, bool nvls) {
+                         "NCCL v2.21.5's tuning model for the GPUs of one NVSwitch node, or of nodes of them joined "
+                         "by NICs: latency + bytes / bandwidth per (algorithm, protocol), the least time chosen")
+      .def(py::init([](int compute_capability, int ranks, double nvlink_gb_per_s, bool nvls, int nodes, int nics,
+                       double nic_gb_per_s, bool amd_cpu) {
              NcclTuningInput in;
              in.compute_capability = compute_capability;
              in.ranks = ranks;
              in.nvlink_gb_per_s = nvlink_gb_per_s;
              in.nvls = nvls;
+             in.nodes = nodes;
+             in.nics = nics;
+             in.nic_gb_per_s = nic_gb_per_s;
+             in.amd_cpu = amd_cpu;
              try {
                return NcclTuning(in);
              } catch (const std::invalid_argument& e) {
                throw py::value_error(e.what());
              }
            }),
-           py::arg("compute_capability"), py::arg("ranks"), py::arg("nvlink_gb_per_s"), py::arg("nvls") = false)
+           py::arg("compute_capability"), py::arg("ranks"), py::arg("nvlink_gb_per_s"), py::arg("nvls") = false,
+           py::arg("nodes") = 1, py::arg("nics") = 0, py::arg("nic_gb_per_s") = 0.0, py::arg("amd_cpu") = false,
+           "ranks: all nodes' GPUs; across nodes (nodes > 1) nics per node at nic_gb_per_s each (the GPU-to-NIC path) "
+           "and whether the host CPU is AMD's")
       .def("graph",
            [](const NcclTuning& t, const std::string& algorithm) {
              for (int a = 0; a < kNcclAlgorithms; ++a) {
@@ -128,6 +136,18 @@ void bind_collectives(py::module_& sim) {
              throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
            },
            py::arg("algorithm"), "(channels, GB/s per channel) of NCCL's channel search")
+      .def(
+          "graph_across_nodes",
+          [](const NcclTuning& t, const std::string& algorithm) {
+            for (int a = 0; a < kNcclAlgorithms; ++a) {
+              if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(a))) {
+                const NcclGraph& g = t.graph(static_cast<NcclAlgorithm>(a));
+                return py::make_tuple(g.channels, g.bandwidth, g.inter_bandwidth);
+              }
+            }
+            throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
+          },
+          py::arg("algorithm"), "(channels, bwIntra, bwInter GB/s per channel) of NCCL's channel search with NICs")
       .def(
           "candidates",
           [](const NcclTuning& t, const std::string& op, double bytes) {

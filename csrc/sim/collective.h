@@ -9,9 +9,11 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -105,7 +107,7 @@ struct CollectiveSettings {
   // Per hierarchy level (innermost first): the algorithm used inside that
   // level by kHierarchical (kAuto: the fastest).
   std::vector<Algorithm> level_algorithms;
-  // NCCL's tuning model for `auto` within one node (0: off): the GPUs'
+  // NCCL's tuning model for `auto` (0: off): the GPUs'
   // compute capability, each GPU's NVLink bandwidth into the switch (GB/s,
   // NCCL's figure) and whether NVLink SHARP reduces in the switch.
   int nccl_compute_capability = 0;
@@ -113,6 +115,18 @@ struct CollectiveSettings {
   bool nccl_nvls = false;
   // Time the tuner's choice by NCCL's ring pipeline (collectives.nccl_tuner.time_model = "pipeline").
   bool nccl_pipeline = false;
+  // Across nodes (nccl_tuning.h): per PCIe switch of a node, the GPUs (local
+  // indices) and the GB/s of each NIC's GPU-to-NIC path (min(NIC, PCIe
+  // links)); the host CPU's vendor (collectives.nccl_tuner.cpu_vendor); and
+  // whether the NICs reach GPU memory directly (GPUDirect RDMA; without it
+  // the tuner is not used across nodes).
+  struct NcclPcieSwitch {
+    std::vector<int> gpus;
+    std::vector<double> nic_gb_per_s;
+  };
+  std::vector<NcclPcieSwitch> nccl_pcie_switches;
+  bool nccl_amd_cpu = false;
+  bool nccl_gpudirect = false;
 };
 
 class CollectiveModel {
@@ -169,7 +183,8 @@ class CollectiveModel {
   mutable std::unordered_map<std::string, std::shared_ptr<const Template>> templates_;
   mutable std::unordered_map<std::string, std::shared_ptr<const Layout>> layouts_;
   mutable std::unordered_map<std::string, std::vector<double>> traffic_per_byte_;
-  mutable std::unordered_map<int, std::shared_ptr<const NcclTuning>> nccl_tunings_;  // by rank count
+  // By (ranks, nodes, usable NICs, GB/s per NIC).
+  mutable std::map<std::tuple<int, int, int, double>, std::shared_ptr<const NcclTuning>> nccl_tunings_;
 };
 
 }  // namespace zion::sim

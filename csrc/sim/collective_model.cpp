@@ -68,6 +68,18 @@ CollectiveModel::CollectiveModel(const Platform& p)
     settings_.nccl_nvlink_gb_per_s = p.fabric.links_per_pair * p.fabric.link_bandwidth / kGB;
     settings_.nccl_nvls = p.fabric.in_switch_reduction;
     settings_.nccl_pipeline = p.collectives.nccl_tuner.time_model == "pipeline";
+    settings_.nccl_amd_cpu = p.collectives.nccl_tuner.cpu_vendor == "amd";
+    settings_.nccl_gpudirect = p.nic.gpudirect;
+    // NCCL's GPU-to-NIC path: the NIC's speed and the PCIe links of the GPU
+    // and of the NIC into their switch (topo.cc: width x per-lane figure).
+    for (const auto& sw : p.pcie.switches) {
+      CollectiveSettings::NcclPcieSwitch s;
+      s.gpus = sw.oams;
+      const double lane = p.pcie.lane_bandwidth(sw.generation);
+      const double path = std::min({p.nic.bandwidth, sw.nic_lanes * lane, sw.oam_lanes * lane}) / kGB;
+      s.nic_gb_per_s.assign(sw.nics.size(), path);
+      settings_.nccl_pcie_switches.push_back(std::move(s));
+    }
   }
 }
 
@@ -76,19 +88,49 @@ std::shared_ptr<const NcclTuning> CollectiveModel::nccl_tuning_for(const Collect
       r.devices.size() < 2 || devices_per_node_ == 0) {
     return nullptr;
   }
-  const int node = r.devices.front() / devices_per_node_;
-  for (int d : r.devices) {
-    if (d / devices_per_node_ != node) return nullptr;
-  }
+  // The communicator's GPUs per node (local indices).
+  std::map<int, std::set<int>> local_of_node;
+  for (int d : r.devices) local_of_node[d / devices_per_node_].insert(d % devices_per_node_);
   const int n = static_cast<int>(r.devices.size());
+  const int nodes = static_cast<int>(local_of_node.size());
+  int nics = 0;
+  double nic_gb_per_s = 0;
+  if (nodes > 1) {
+    // Across nodes: the same GPUs on every node, two or more (one GPU per
+    // node changes NCCL's graphs: no NVLink inside the node), and NICs that
+    // reach GPU memory directly.
+    const std::set<int>& local = local_of_node.begin()->second;
+    for (const auto& [node, gpus] : local_of_node) {
+      if (gpus != local) return nullptr;
+    }
+    if (local.size() < 2 || !settings_.nccl_gpudirect) return nullptr;
+    // NICs at PIX distance: on a PCIe switch with two or more of the
+    // communicator's GPUs, at most one per such GPU (a channel enters
+    // through one GPU's PCIe link and leaves through another's).
+    for (const auto& sw : settings_.nccl_pcie_switches) {
+      int gpus = 0;
+      for (int g : sw.gpus) gpus += static_cast<int>(local.count(g));
+      if (gpus < 2 || sw.nic_gb_per_s.empty()) continue;
+      const int use = std::min(gpus, static_cast<int>(sw.nic_gb_per_s.size()));
+      for (int i = 0; i < use; ++i) {
+        nic_gb_per_s = nics == 0 ? sw.nic_gb_per_s[i] : std::min(nic_gb_per_s, sw.nic_gb_per_s[i]);
+        ++nics;
+      }
+    }
+    if (nics == 0 || !(nic_gb_per_s > 0)) return nullptr;
+  }
   std::lock_guard<std::mutex> lock(cache_mutex_);
-  auto& slot = nccl_tunings_[n];
+  auto& slot = nccl_tunings_[{n, nodes, nics, nic_gb_per_s}];
   if (!slot) {
     NcclTuningInput in;
     in.compute_capability = settings_.nccl_compute_capability;
     in.ranks = n;
     in.nvlink_gb_per_s = settings_.nccl_nvlink_gb_per_s;
     in.nvls = settings_.nccl_nvls;
+    in.nodes = nodes;
+    in.nics = nics;
+    in.nic_gb_per_s = nic_gb_per_s;
+    in.amd_cpu = settings_.nccl_amd_cpu;
     slot = std::make_shared<const NcclTuning>(in);
   }
   return slot;

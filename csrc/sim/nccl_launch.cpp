@@ -229,8 +229,8 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
     const int ai = static_cast<int>(a), pi = static_cast<int>(p);
     return nvls_launch(op, bytes, input_.ranks, latency_[c][ai][pi], bandwidth_[c][ai][pi], l);
   }
-  if (a != NcclAlgorithm::kRing) {
-    // Tree keeps the tuner's price (see nccl_tuning.h).
+  if (a != NcclAlgorithm::kRing || input_.nodes > 1) {
+    // Tree, and any pair across nodes, keeps the tuner's price (see nccl_tuning.h).
     for (const auto& choice : candidates(op, bytes)) {
       if (choice.algorithm == a && choice.protocol == p) l.time = choice.time;
     }
@@ -323,7 +323,7 @@ NcclLaunch NcclTuning::launch(CollectiveOp op, double bytes, NcclAlgorithm a, Nc
 }
 
 Seconds NcclTuning::time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const {
-  if (model == NcclTimeModel::kTuner || choice.algorithm == NcclAlgorithm::kTree) return choice.time;
+  if (model == NcclTimeModel::kTuner || choice.algorithm == NcclAlgorithm::kTree || input_.nodes > 1) return choice.time;
   return launch(op, bytes, choice.algorithm, choice.protocol).time;
 }
 

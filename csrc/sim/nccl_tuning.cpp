@@ -112,6 +112,101 @@ NcclGraph search_nvls(double capacity, int ranks) {
 
 constexpr int kMaxChannels = 32;  // src/include/device.h MAXCHANNELS
 
+// --- More than one node ------------------------------------------------------
+// tuning.cc, the N1 / N2 / N4 columns (index: 1 node, 2 nodes, more) of the
+// per-generation tables, Volta, Ampere, Hopper rows.
+constexpr double kPerChMaxRingLL128BwByNodes[3][3] = {{20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 36.7}};
+constexpr double kPerChMaxTreeLL128BwByNodes[3][3] = {{20.0, 20.0, 20.0}, {20.0, 20.0, 20.0}, {36.7, 36.7, 29.0}};
+constexpr double kPerChMaxTreeBwByNodes[3][3] = {{26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {38.7, 41.4, 36.0}};
+// llMaxBws across nodes goes by CPU vendor: row 0 Intel (and others), row 1 AMD.
+constexpr double kLLMaxBwAcrossNodes[2][3] = {{39.0, 39.0, 20.4}, {87.7, 22.5, 19.0}};
+// hwLat[NET]: Tree {5.0, 8.5, 28}, Ring {2.7, 4.0, 14.0} (NVLS 18 and
+// NVLSTree 14 are not used: neither is offered here).
+constexpr double kNetLatency[2][kNcclProtocols] = {{5.0, 8.5, 28}, {2.7, 4.0, 14.0}};
+// getNetOverhead: the NIC's post overhead per inter-node ring step, x86 Intel
+// 1 us, AMD 2 us (other CPUs 1 us); Simple pays it three times.
+constexpr double kNetOverheadIntel = 1.0, kNetOverheadAmd = 2.0;
+
+// search.cc: the per-channel speeds tried when the system has NICs.
+const std::vector<double> kSpeedsInter = {48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0,
+                                          7.0,  6.0,  5.0,  4.0,  3.0,  2.4,  1.2,  0.24, 0.12};
+const std::vector<double> kSpeedsInterSm90 = {48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5,
+                                              15.0, 12.0, 6.0,  3.0,  2.4,  1.2,  0.24, 0.12};
+
+// Channels of `speed` a node's NICs carry: a channel enters at a NIC and
+// leaves by the same NIC (crossNic off in the first passes: the NICs are
+// found at PIX distance, so no pass with crossNic is needed), taking `speed`
+// of the NIC and of its PCIe path each way, so floor(path / speed) per NIC.
+// Each GPU passes a channel on over NVLink except the one it leaves by, so
+// a GPU's NVLink carries (ppn - 1) / ppn of channels x speed.
+int net_channels_fitting(const NcclTuningInput& in, double speed, int max_channels) {
+  const int ppn = in.ranks / in.nodes;
+  int ch = std::min(max_channels, in.nics * channels_fitting(in.nic_gb_per_s, speed));
+  const double nvlink_share = static_cast<double>(ppn - 1) / ppn;
+  while (ch > 0 && ch * speed * nvlink_share > in.nvlink_gb_per_s + 1e-9) --ch;
+  return ch;
+}
+
+// ncclTopoCompute with NICs, ring pattern. Pass 1 starts at the highest speed
+// within the GPU-to-NIC path (system->maxBw) and keeps the graph of most
+// channels x speed, stopping once it has MAXCHANNELS / 2 channels or covers
+// the GPU's total (NVLink) bandwidth, and trying lower speeds while they are
+// above 0.49 of the best one's; then ncclTopoDupChannels; pass 2 tries every
+// higher speed with at least as many channels. Ring graphs have bwIntra ==
+// bwInter.
+NcclGraph search_net_ring(const NcclTuningInput& in) {
+  const auto& speeds = in.compute_capability >= 90 ? kSpeedsInterSm90 : kSpeedsInter;
+  const double total = in.nvlink_gb_per_s;
+  size_t i = 0;
+  while (i + 1 < speeds.size() && (speeds[i] > in.nic_gb_per_s || speeds[i] > total)) ++i;
+  NcclGraph best;
+  for (; i < speeds.size(); ++i) {
+    const int ch = net_channels_fitting(in, speeds[i], kMaxRingChannels);
+    if (ch >= 1 && ch * speeds[i] > best.channels * best.bandwidth) best = {ch, speeds[i]};
+    if (best.channels == kMaxRingChannels) break;
+    if (best.channels > 0 && best.channels * best.bandwidth >= total - 1e-9) break;
+    if (i + 1 < speeds.size() && best.channels > 0 && speeds[i + 1] / best.bandwidth <= 0.49) break;
+  }
+  if (best.channels == 0) throw std::invalid_argument("NCCL channel search: no ring fits the NICs");
+  best = duplicate(best, in.compute_capability, kMaxRingChannels);
+  size_t k = 0;
+  while (k + 1 < speeds.size() && speeds[k] > best.bandwidth) ++k;
+  NcclGraph raised = best;
+  for (size_t j = k; j-- > 0;) {
+    const int ch = net_channels_fitting(in, speeds[j], kMaxRingChannels);
+    if (ch >= best.channels && ch * speeds[j] > raised.channels * raised.bandwidth) raised = {ch, speeds[j]};
+  }
+  raised.inter_bandwidth = raised.bandwidth;
+  return raised;
+}
+
+// ncclTopoCompute with NICs, balanced tree pattern (NET -> GPU a -> ... ->
+// GPU x; GPU a and the next GPU each send half back to the NIC): exactly the
+// ring's channel count (minChannels = maxChannels), starting where speed x
+// channels is within the GPU's bandwidth x ppn / (ppn - 1); the first speed
+// at which they fit is final (maxChannels reached). Dup leaves it as is
+// (maxChannels). Pass 2 raises bwIntra alone a step at a time, while it is
+// below twice bwInter and the chains still fit the NVLinks.
+NcclGraph search_net_tree(const NcclTuningInput& in, const NcclGraph& ring) {
+  const auto& speeds = in.compute_capability >= 90 ? kSpeedsInterSm90 : kSpeedsInter;
+  const int ppn = in.ranks / in.nodes;
+  const double budget = in.nvlink_gb_per_s * ppn / (ppn - 1);
+  size_t i = 0;
+  while (i + 1 < speeds.size() && (speeds[i] > in.nic_gb_per_s || speeds[i] * ring.channels > budget + 1e-9)) ++i;
+  for (; i < speeds.size(); ++i) {
+    if (net_channels_fitting(in, speeds[i], ring.channels) < ring.channels) continue;
+    NcclGraph g{ring.channels, speeds[i], speeds[i]};
+    const double nvlink_share = static_cast<double>(ppn - 1) / ppn;
+    for (size_t j = i; j-- > 0;) {
+      if (!(g.bandwidth < 2 * g.inter_bandwidth)) break;
+      if (g.channels * speeds[j] * nvlink_share > in.nvlink_gb_per_s + 1e-9) break;
+      g.bandwidth = speeds[j];
+    }
+    return g;
+  }
+  throw std::invalid_argument("NCCL channel search: no tree of " + std::to_string(ring.channels) + " channels fits the NICs");
+}
+
 
 int log2_floor(double bytes) {
   long long n = static_cast<long long>(bytes);
@@ -171,6 +266,18 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
   if (!(in.nvlink_gb_per_s > 0) || !std::isfinite(in.nvlink_gb_per_s)) {
     throw std::invalid_argument("NCCL tuning: NVLink bandwidth per GPU must be a positive number of GB/s");
   }
+  if (in.nodes < 1) throw std::invalid_argument("NCCL tuning: nodes must be >= 1, got " + std::to_string(in.nodes));
+  if (in.nodes > 1) {
+    if (in.ranks % in.nodes != 0 || in.ranks / in.nodes < 2) {
+      throw std::invalid_argument("NCCL tuning: " + std::to_string(in.ranks) + " ranks on " + std::to_string(in.nodes) +
+                                  " nodes; needs the same number of GPUs on each node, at least 2");
+    }
+    if (in.nics < 1 || !(in.nic_gb_per_s > 0) || !std::isfinite(in.nic_gb_per_s)) {
+      throw std::invalid_argument("NCCL tuning: across nodes needs nics >= 1 and a positive NIC bandwidth in GB/s");
+    }
+    tune_across_nodes();
+    return;
+  }
   const int cc = in.compute_capability;
   const int n = in.ranks;
   const int gen = generation_index(cc);
@@ -226,6 +333,82 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
   }
 }
 
+// ncclTopoTuneModel for nNodes > 1, Ring and Tree (NVLS is off across nodes
+// without CollNet: algoEnable[NVLS] = 0 when collNetSupport is 0; NVLSTree
+// and CollNet are not modeled). LL128 stays enabled: the NICs are at PIX
+// (<= PATH_PXB), the GPUs on NVLink, one compute capability.
+void NcclTuning::tune_across_nodes() {
+  const NcclTuningInput& in = input_;
+  const int cc = in.compute_capability;
+  const int n = in.ranks;
+  const int nodes = in.nodes;
+  const int gen = generation_index(cc);
+  const int column = nodes <= 2 ? nodes - 1 : 2;  // index2: N2 or N4
+  const double ll_max_bw = kLLMaxBwAcrossNodes[in.amd_cpu ? 1 : 0][column];
+  const int local = n / nodes;  // nRanks / nNodes
+  const double net_overhead = in.amd_cpu ? kNetOverheadAmd : kNetOverheadIntel;
+  int log2_nodes = 0;  // log2i(nNodes)
+  for (int v = nodes; v >>= 1;) ++log2_nodes;
+
+  const NcclGraph ring = search_net_ring(in);
+  graphs_[static_cast<int>(NcclAlgorithm::kRing)] = ring;
+  graphs_[static_cast<int>(NcclAlgorithm::kTree)] = search_net_tree(in, ring);
+
+  for (CollectiveOp op : {CollectiveOp::kBroadcast, CollectiveOp::kReduce, CollectiveOp::kAllGather,
+                          CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
+    const int c = op_index(op);
+    const bool all_reduce = op == CollectiveOp::kAllReduce;
+    const bool gather_scatter = op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter;
+    const int steps = all_reduce ? 2 * (n - 1) : gather_scatter ? n - 1 : n;
+    const int inter_steps = all_reduce ? 2 * nodes : gather_scatter ? nodes - 1 : nodes;
+    for (NcclAlgorithm algo : {NcclAlgorithm::kTree, NcclAlgorithm::kRing}) {
+      const int a = static_cast<int>(algo);
+      if (algo == NcclAlgorithm::kTree && !all_reduce) continue;
+      const NcclGraph& g = graphs_[a];
+      // bwIntra up to 2 nodes, bwInter beyond.
+      const double per_channel = nodes <= 2 ? g.bandwidth : g.inter_bandwidth;
+      for (int p = 0; p < kNcclProtocols; ++p) {
+        const auto proto = static_cast<NcclProtocol>(p);
+        double bus = g.channels * per_channel;
+        if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL) bus = std::min(ll_max_bw, bus * 0.5);
+        if (algo == NcclAlgorithm::kRing && proto == NcclProtocol::kLL128) {
+          // 0.92 with two or more GPUs per node (NCCL takes 0.7 below 2, which is refused here).
+          bus = std::min(bus * 0.92, g.channels * kPerChMaxRingLL128BwByNodes[gen][column]);
+        }
+        if (algo == NcclAlgorithm::kTree) {
+          bus = std::min(bus * 0.92, g.channels * kPerChMaxTreeBwByNodes[gen][column]);
+          if (proto == NcclProtocol::kLL) bus = std::min(bus / 3.8, ll_max_bw);
+          if (proto == NcclProtocol::kLL128) {
+            bus = std::min(bus * 120.0 / 128.0, g.channels * kPerChMaxTreeLL128BwByNodes[gen][column]);
+          }
+          // The balanced tree pattern: no 0.85 (that is for NCCL_TOPO_PATTERN_TREE).
+        }
+        bandwidth_[c][a][p] = bus * (algo == NcclAlgorithm::kRing ? static_cast<double>(n) / steps : 0.5);
+
+        // graph->latencyInter is the NIC's reported latency, 0 for InfiniBand
+        // (and the Simple flush adds it again): 0 here.
+        const double intra = kNvlinkLatency[a][p];
+        const double inter = kNetLatency[a][p];
+        double lat = kBaseLatency[a][p];
+        if (algo == NcclAlgorithm::kRing) {
+          if (op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce) {
+            // The search finds the channels with sameChannels = 0 (each NIC
+            // starts its own GPU order): nsteps x hwLat[NET], Simple taking
+            // the tree's 28 us.
+            lat += steps * (proto == NcclProtocol::kSimple ? kNetLatency[0][p] : inter);
+          } else {
+            const double hop = std::max(intra, proto == NcclProtocol::kSimple ? 3 * net_overhead : net_overhead);
+            lat += (steps - inter_steps) * hop + inter_steps * inter;
+          }
+        } else {
+          lat += 2 * ((local - 1) * intra + log2_nodes * inter);
+        }
+        latency_[c][a][p] = lat;
+      }
+    }
+  }
+}
+
 double NcclTuning::latency_us(CollectiveOp op, NcclAlgorithm a, NcclProtocol p) const {
   const int c = op_index(op);
   return c < 0 ? 0 : latency_[c][static_cast<int>(a)][static_cast<int>(p)];
@@ -250,6 +433,14 @@ std::vector<NcclChoice> NcclTuning::candidates(CollectiveOp op, double bytes) co
       choice.algorithm = static_cast<NcclAlgorithm>(a);
       choice.protocol = static_cast<NcclProtocol>(p);
       choice.latency = latency_[c][a][p] * 1e-6;
+      // ncclTopoGetAlgoTime: across nodes a Simple ring all_reduce of at
+      // least 64 B per channel and rank pays its latency 1.4 times (1.9
+      // before Ampere), the ring's plateau.
+      if (input_.nodes > 1 && static_cast<NcclAlgorithm>(a) == NcclAlgorithm::kRing &&
+          static_cast<NcclProtocol>(p) == NcclProtocol::kSimple && op == CollectiveOp::kAllReduce &&
+          std::floor(bytes / (static_cast<double>(collective_channels()) * input_.ranks)) >= 64) {
+        choice.latency *= input_.compute_capability < 80 ? 1.9 : 1.4;
+      }
       choice.bandwidth = bw * 1e9;
       choice.time = choice.latency + bytes / choice.bandwidth;
       out.push_back(choice);

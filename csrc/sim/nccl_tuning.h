@@ -33,6 +33,20 @@
 // hops for broadcast / reduce), Simple's slices (LL / LL128: lines) taking
 // bytes / channel bandwidth and reaching the next rank a hop later; NVLS
 // as a pipeline of loops through warp groups. Tree keeps the tuner's time.
+//
+// More than one node (nodes > 1, the same GPUs on each): the channel search
+// of ncclTopoCompute with NICs (speedArrayInter / sm90SpeedArrayInter, each
+// channel entering a node at one NIC and leaving it at the same NIC, the
+// search's per-channel speed capped by the GPU-to-NIC path), ring and
+// balanced tree graphs with bwIntra / bwInter; ncclTopoTuneModel's
+// bandwidths (bwIntra up to 2 nodes, bwInter beyond; the N2 / N4 columns of
+// the per-channel caps; llMaxBw by CPU vendor; tree LL128 x 120/128) and
+// latencies (hwLat[NET], the NIC's post overhead, ring inter-node steps,
+// tree log2(nodes) inter-node hops); and
+// ncclTopoGetAlgoTime's ring plateau (Simple all_reduce latency x 1.4, x 1.9
+// before Ampere). NVLS is not offered across nodes (NCCL needs CollNet for
+// it there); NVLSTree and CollNet are not modeled. Both time models charge
+// the tuner's own time across nodes.
 
 #include <array>
 #include <string>
@@ -56,14 +70,25 @@ Algorithm model_algorithm(NcclAlgorithm a);
 // One channel graph of NCCL's search: channels of `bandwidth` GB/s each.
 struct NcclGraph {
   int channels = 0;
-  double bandwidth = 0;  // GB/s per channel (NVLS: min(bwIntra, bwInter))
+  double bandwidth = 0;  // GB/s per channel (NVLS: min(bwIntra, bwInter)); across nodes bwIntra
+  double inter_bandwidth = 0;  // bwInter, GB/s per channel through the NICs (nodes > 1 only; 0 on one node)
 };
 
 struct NcclTuningInput {
   int compute_capability = 80;  // 70 Volta, 80 Ampere, 90 Hopper
-  int ranks = 8;                // GPUs of the communicator, all in one node
+  int ranks = 8;                // GPUs of the communicator (all nodes)
   double nvlink_gb_per_s = 0;   // each GPU's NVLink bandwidth into the NVSwitch, NCCL's figure (links x per-link)
   bool nvls = false;            // NVLink SHARP available (NCCL needs compute capability >= 90 too)
+  // Across nodes (nodes > 1): ranks / nodes GPUs on each node, at least 2.
+  int nodes = 1;
+  // NICs of a node the channels can use: each shares a PCIe switch with two
+  // or more of the node's GPUs (a channel enters at one of them and leaves
+  // from another), at most one per such GPU.
+  int nics = 0;
+  // GB/s of one NIC as NCCL's search sees it: the GPU-to-NIC path, min(NIC
+  // speed / 8, the PCIe links' width x per-lane figure).
+  double nic_gb_per_s = 0;
+  bool amd_cpu = false;  // the host CPU's vendor is AMD (llMaxBws row, getNetOverhead 2 us instead of 1)
 };
 
 // collectives.nccl_tuner.time_model: "tuner" or "pipeline".
@@ -80,7 +105,7 @@ struct NcclChoice {
 // How NCCL v2.21.5 runs one call of a ring (algorithm, protocol), and the
 // time that takes on the busiest channel (the channels run in parallel).
 struct NcclLaunch {
-  bool modeled = false;        // false: Tree, timed by the tuner in both models
+  bool modeled = false;        // false: Tree, or any pair across nodes, timed by the tuner in both models
   int collective_channels = 0; // the communicator's (ncclTopoPostset: 2 x min(ring, tree) search channels, <= 32)
   int channels = 0;            // launched (enqueue.cc getChannnelThreadInfo, then addTunedCollToPlan)
   int threads = 0;             // per channel
@@ -105,7 +130,8 @@ class NcclTuning {
   const NcclTuningInput& input() const { return input_; }
   const NcclGraph& graph(NcclAlgorithm a) const { return graphs_[static_cast<int>(a)]; }
   // NCCL's table: microseconds and GB/s of algorithm bandwidth; 0 bandwidth
-  // where NCCL does not offer the pair for the collective.
+  // where NCCL does not offer the pair for the collective. The latency is
+  // before ncclTopoGetAlgoTime's ring plateau factor (candidates applies it).
   double latency_us(CollectiveOp op, NcclAlgorithm a, NcclProtocol p) const;
   double bandwidth_gb_per_s(CollectiveOp op, NcclAlgorithm a, NcclProtocol p) const;
   // Whether NCCL's tuning model prices `op` (all_to_all and send/recv are
@@ -117,8 +143,8 @@ class NcclTuning {
   // The fastest pair; `only` restricts it to one algorithm (nullptr: all).
   // Throws std::invalid_argument if no pair is offered.
   NcclChoice choose(CollectiveOp op, double bytes, const NcclAlgorithm* only = nullptr) const;
-  // The pipeline model of one call (see above); Tree comes back with
-  // modeled = false and the tuner's time.
+  // The pipeline model of one call (see above); Tree, and every pair across
+  // nodes, comes back with modeled = false and the tuner's time.
   NcclLaunch launch(CollectiveOp op, double bytes, NcclAlgorithm a, NcclProtocol p) const;
   // The chosen pair's time under `model`.
   Seconds time(CollectiveOp op, double bytes, const NcclChoice& choice, NcclTimeModel model) const;
@@ -126,6 +152,7 @@ class NcclTuning {
 
  private:
   static int op_index(CollectiveOp op);
+  void tune_across_nodes();  // nodes > 1: the graphs and tables (nccl_tuning.cpp)
   NcclTuningInput input_;
   std::array<NcclGraph, kNcclAlgorithms> graphs_{};
   // [op][algorithm][protocol], op indexed by op_index (broadcast, reduce,

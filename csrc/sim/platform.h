@@ -110,8 +110,9 @@ struct AstraSpec {
   int active_chunks_per_dimension = 1;
 };
 
-// collectives.nccl_tuner: `auto` within one node on an NVSwitch is priced by
-// NCCL's own tuning model (nccl_tuning.h) for the GPUs' compute capability.
+// collectives.nccl_tuner: `auto` on an NVSwitch (within one node, or across
+// nodes of the same GPUs with NICs) is priced by NCCL's own tuning model
+// (nccl_tuning.h) for the GPUs' compute capability.
 // Other fabric topologies keep the topology model (the tuner's channel search
 // here is the NVSwitch one).
 struct NcclTunerSpec {
@@ -121,6 +122,9 @@ struct NcclTunerSpec {
   // latency + bytes / bandwidth) or "pipeline" (NCCL's ring kernels' chunks,
   // loops and steps; nccl_tuning.h). Optional in the file: absent = "tuner".
   std::string time_model = "tuner";
+  // The host CPU's vendor, "intel", "amd" or "other": across nodes NCCL
+  // picks llMaxBw and the NIC's post overhead by it. Optional: absent = "intel".
+  std::string cpu_vendor = "intel";
 };
 
 struct CollectiveSpec {

@@ -316,6 +316,9 @@ void read_collectives(JsonFields& root, Platform& p) {
     if (std::find(tuner_keys.begin(), tuner_keys.end(), "time_model") != tuner_keys.end()) {
       p.collectives.nccl_tuner.time_model = t.choice("time_model", {"tuner", "pipeline"});
     }
+    if (std::find(tuner_keys.begin(), tuner_keys.end(), "cpu_vendor") != tuner_keys.end()) {
+      p.collectives.nccl_tuner.cpu_vendor = t.choice("cpu_vendor", {"intel", "amd", "other"});
+    }
     t.finish();
   }
   c.finish();
