@@ -88,11 +88,16 @@ std::shared_ptr<const NcclTuning> CollectiveModel::nccl_tuning_for(const Collect
       r.devices.size() < 2 || devices_per_node_ == 0) {
     return nullptr;
   }
-  // The communicator's GPUs per node (local indices).
-  std::map<int, std::set<int>> local_of_node;
-  for (int d : r.devices) local_of_node[d / devices_per_node_].insert(d % devices_per_node_);
   const int n = static_cast<int>(r.devices.size());
-  const int nodes = static_cast<int>(local_of_node.size());
+  const int first_node = r.devices.front() / devices_per_node_;
+  const bool one_node = std::all_of(r.devices.begin(), r.devices.end(),
+                                    [&](int d) { return d / devices_per_node_ == first_node; });
+  // The communicator's GPUs per node (local indices), when it spans several.
+  std::map<int, std::set<int>> local_of_node;
+  if (!one_node) {
+    for (int d : r.devices) local_of_node[d / devices_per_node_].insert(d % devices_per_node_);
+  }
+  const int nodes = one_node ? 1 : static_cast<int>(local_of_node.size());
   int nics = 0;
   double nic_gb_per_s = 0;
   if (nodes > 1) {
