@@ -157,16 +157,10 @@ at::Tensor stand_in(int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef size
 
 // `t` (a stand-in after its call) as a spare, or dropped.
 void keep_stand_in(at::Tensor&& t) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (t.use_count() != 1 || t.weak_use_count() != 1 || impl->key_set() != stand_in_keys() || impl->is_inference() ||
-      !impl->version_counter().unique() || impl->version_counter().current_version() != 0 ||
-      impl->autograd_meta() != nullptr || impl->pyobj_slot()->load_pyobj() != nullptr || impl->is_wrapped_number() ||
-      !impl->allow_tensor_metadata_change() || impl->get_backend_meta() != nullptr || impl->has_symbolic_sizes_strides()) {
-    return;
-  }
+  if (!unchanged_and_unshared(t, stand_in_keys())) return;
   SpareStandIns& spares = spare_stand_ins();
   if (spares.size() >= kMaxSpareStandIns) return;
-  impl->release_resources();  // lets go of its indices and values, aliases of zion tensors
+  t.unsafeGetTensorImpl()->release_resources();  // lets go of its indices and values, aliases of zion tensors
   spares.push_back(t.getIntrusivePtr());
 }
 

@@ -89,12 +89,7 @@ const c10::DispatchKeySet& alias_keys() {
 // `alias` (the last owner of it but the AliasSet's map of storages) as a spare in `spares`, or dropped.
 void keep_spare(at::Tensor&& alias, SpareAliases& spares) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
-  if (alias.use_count() != 1 || alias.weak_use_count() != 1 || impl->key_set() != alias_keys() ||
-      impl->is_inference() || !impl->version_counter().unique() || impl->version_counter().current_version() != 0 ||
-      impl->autograd_meta() != nullptr || impl->pyobj_slot()->load_pyobj() != nullptr || impl->is_wrapped_number() ||
-      !impl->allow_tensor_metadata_change() || impl->get_backend_meta() != nullptr || impl->has_symbolic_sizes_strides() || !impl->has_storage()) {
-    return;
-  }
+  if (!unchanged_and_unshared(alias, alias_keys()) || !impl->has_storage()) return;
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   // Two owners: this alias and the AliasSet's map; no view of it outlives the call.
   auto owner = c10::intrusive_ptr<c10::StorageImpl>::reclaim(storage);  // looked at, not taken
@@ -235,6 +230,15 @@ void AliasSet::write_back(const at::Tensor& alias, const at::Tensor& zion) {
     zion.unsafeGetTensorImpl()->set_storage_keep_dtype(to_zion(alias).storage());
   }
   sync_metadata(alias, zion);
+}
+
+bool unchanged_and_unshared(const at::Tensor& t, const c10::DispatchKeySet& fresh_keys) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();  // pyobj_slot() and version_counter() are non-const
+  return t.use_count() == 1 && t.weak_use_count() == 1 && impl->key_set() == fresh_keys && !impl->is_inference() &&
+         impl->version_counter().unique() && impl->version_counter().current_version() == 0 &&
+         impl->autograd_meta() == nullptr && impl->pyobj_slot()->load_pyobj() == nullptr && !impl->is_wrapped_number() &&
+         impl->allow_tensor_metadata_change() && impl->get_backend_meta() == nullptr &&
+         !impl->has_symbolic_sizes_strides();
 }
 
 at::Tensor cpu_alias(const at::Tensor& t, bool storage_less_ok) {

@@ -12,6 +12,7 @@
 // device's HBM pool without copying.
 
 #include <ATen/Tensor.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/util/SmallVector.h>
 
 #include <utility>
@@ -73,6 +74,14 @@ at::Tensor cpu_alias(const at::Tensor& zion_tensor, bool storage_less_ok = false
 // holds no alias's bytes. Lets code that runs a library's CPU glue on
 // aliases (zion_emu.torchrec) hand the tensors it gets back to zion.
 at::Tensor zion_tensor_of_alias(const at::Tensor& cpu);
+
+// Whether `t`, a tensor this backend made for one call and is done with, is
+// still as it was made and held only by `t`: one owner, no weak reference,
+// `fresh_keys`, no Python object, no autograd metadata, an unshared version
+// counter at 0, no backend metadata, not inference, not a wrapped number,
+// metadata changes allowed, no symbolic shape. Such a tensor may be kept and
+// reused as a fresh one (spare aliases, spare sparse stand-ins).
+bool unchanged_and_unshared(const at::Tensor& t, const c10::DispatchKeySet& fresh_keys);
 
 // Copies sizes, strides and offset of `from` onto `to` (a mutated argument).
 void sync_metadata(const at::Tensor& from, const at::Tensor& to);
