@@ -1,6 +1,7 @@
-"""Each thread remembers the last price of each operator (op_pricing.cpp):
-a call with the same dtypes, sizes and int_args, under the same platform,
-formula table and precision settings, is charged that price again. These
+"""Each thread remembers the last few prices of each operator (op_pricing.cpp,
+kRememberedPrices = 8): a call with the same dtypes, sizes and int_args,
+under the same platform, formula table and precision settings, is charged
+that price again. These
 tests hold it to what a fresh cost model prices each call at, through
 changes of shape, dtype, platform, precision and registered formulas."""
 
@@ -46,6 +47,18 @@ def test_each_call_of_add_is_charged_its_own_shape_and_dtype(repeat: int):
             t = busy_s(lambda: x + 1)
             desc = sim.TensorDesc(sizes, name)
             assert t == approx(fresh_price("aten::add.Tensor", [desc], [desc]), rel=1e-9), (sizes, name)
+
+
+@pytest.mark.parametrize("shapes", [3, 8, 11])
+def test_shapes_in_turn_are_each_charged_their_own_price(shapes: int):
+    # A layer-by-layer step calls one operator on several shapes in turn: up
+    # to 8 are remembered at once, 11 make each new one replace the oldest.
+    sizes = [[256 * (k + 1)] for k in range(shapes)]
+    tensors = [torch.ones(s, device=f"zion:{DEVICE}") for s in sizes]
+    for _ in range(3):
+        for s, x in zip(sizes, tensors):
+            desc = sim.TensorDesc(s, "fp32")
+            assert busy_s(lambda: x + 1) == approx(fresh_price("aten::add.Tensor", [desc], [desc]), rel=1e-9), s
 
 
 def test_strides_do_not_enter_the_price():

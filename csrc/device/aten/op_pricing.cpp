@@ -4,8 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "device/runtime/runtime.h"
@@ -207,8 +209,21 @@ void launch(Runtime& rt, const Price& p, int label, c10::DeviceIndex device, con
   if (cost.guessed) rt.note_guessed(device, name);
 }
 
+// A price an operator's entry remembers, with the shapes it stands for.
+struct RememberedPrice {
+  PricedShapes shapes;
+  Price price;
+};
+
+// How many prices of one operator a thread remembers. A training step calls
+// one operator on several shapes (addmm once per layer, add_ once per
+// parameter, mm twice per layer in backward), so one price per operator
+// would be replaced on nearly every call; a few, searched in order from the
+// last one found, hold a step's shapes and cost little to search.
+constexpr size_t kRememberedPrices = 8;
+
 // One operator, as this thread prices it: its name and formula, looked up
-// once per model and formula table, and its last price (see PricedShapes).
+// once per model and formula table, and its last prices (see PricedShapes).
 struct PricedOp {
   std::string name;
   sim::OpCostModel::FormulaRef formula;
@@ -216,8 +231,14 @@ struct PricedOp {
   const sim::OpCostModel* model = nullptr;
   uint64_t generation = ~uint64_t{0};
   int label = -1;  // the operator's name on the timeline's spans
-  PricedShapes last_shapes;
-  Price last;
+  std::array<RememberedPrice, kRememberedPrices> remembered;
+  size_t last_found = 0;  // the entry that priced the last call
+  size_t next = 0;        // the entry the next new price replaces (oldest first)
+
+  void forget() {
+    for (RememberedPrice& r : remembered) r.shapes.forget();
+    last_found = next = 0;
+  }
 };
 
 // This thread's pricing state: no lock on the hot path.
@@ -244,12 +265,23 @@ ThreadPricing& thread_pricing() {
   return state;
 }
 
-// Whether `op`'s last price stands for this call.
-bool last_price_holds(const PricedOp& op, c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
-                      c10::ArrayRef<int64_t> int_args) {
-  if (!op.last_shapes.same(inputs, outputs, int_args)) return false;
-  // The settings may have changed since: read them again where they price the op.
-  return !priced_by_precision(op.last.cost.work.op_class) || read_fp32_precision() == op.last.precision;
+// The remembered price of `op` that stands for this call, or null.
+const Price* remembered_price(PricedOp& op, c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+                              c10::ArrayRef<int64_t> int_args) {
+  std::optional<Fp32Precision> precision;  // read once, where a price depends on it
+  for (size_t k = 0; k < kRememberedPrices; ++k) {
+    const size_t i = (op.last_found + k) % kRememberedPrices;
+    const RememberedPrice& r = op.remembered[i];
+    if (!r.shapes.same(inputs, outputs, int_args)) continue;
+    // The settings may have changed since: read them again where they price the op.
+    if (priced_by_precision(r.price.cost.work.op_class)) {
+      if (!precision) precision = read_fp32_precision();
+      if (!(*precision == r.price.precision)) continue;
+    }
+    op.last_found = i;
+    return &r.price;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -284,20 +316,28 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::Arra
     p.generation = generation;
     p.model = rt.cost.get();
     p.label = rt.timeline.label(p.name);
-    p.last_shapes.forget();
+    p.forget();
   }
-  if (!last_price_holds(p, inputs, outputs, int_args)) {
+  const Price* charged = remembered_price(p, inputs, outputs, int_args);
+  if (!charged) {
     sim::OpCall& call = state.call;
     call.name = p.name;
     call.int_args.assign(int_args.begin(), int_args.end());
     describe(inputs, call.inputs);
     describe(outputs, call.outputs);
-    p.last = price(rt, call, p.formula);
+    RememberedPrice& slot = p.remembered[p.next];
+    slot.price = price(rt, call, p.formula);
+    charged = &slot.price;
     // A registered formula may read anything (a Python function): priced afresh on every call.
     const bool builtin = !p.formula || p.formula->builtin;
-    if (!builtin || !p.last_shapes.remember(inputs, outputs, int_args)) p.last_shapes.forget();
+    if (builtin && slot.shapes.remember(inputs, outputs, int_args)) {
+      p.last_found = p.next;
+      p.next = (p.next + 1) % kRememberedPrices;
+    } else {
+      slot.shapes.forget();
+    }
   }
-  launch(rt, p.last, p.label, device, p.name);
+  launch(rt, *charged, p.label, device, p.name);
 }
 
 void charge_op(const std::string& op_name, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,

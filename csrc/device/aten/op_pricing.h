@@ -20,7 +20,8 @@ namespace zion::device {
 // documents them per formula, e.g. `transposed` of a convolution). The
 // operator's name and formula are looked up once per operator and cached;
 // the call itself allocates nothing in steady state. Each thread remembers
-// the last price of each operator: a call with the same dtypes, sizes and
+// the last 8 prices of each operator (a step calls one operator on several
+// shapes, one per layer or parameter): a call with the same dtypes, sizes and
 // int_args, under the same platform, formula table and (for matmul-class
 // ops and convolutions) precision settings, is charged that price without
 // running the formula again. A registered formula runs on every call.
