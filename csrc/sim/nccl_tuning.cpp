@@ -223,18 +223,20 @@ int nvls_net_channels(const NcclTuningInput& in, double intra, double inter) {
 
 // ncclTopoCompute with NICs, NVLS pattern (minChannels 1, maxChannels ngpus;
 // ncclTopoCompareGraphs keeps more channels, or more channels x bwInter).
-// Pass 1 starts at the highest speed within the GPU-to-NIC path and stops at
-// ngpus channels, or once channels x bwInter covers the GPU's NVLink, trying
-// lower speeds while above 0.49 of the best one's bwInter. No duplication
-// (ncclTopoDupChannels skips NVLS). Pass 2, with the channels fixed, raises
-// bwInter alone a step at a time while below twice bwIntra; where that fails
-// it tries bwIntra one step up (the search's next branch), which keeps the
-// channel count fixed and cannot help the NICs, so it ends there.
+// Pass 1 starts at the highest speed within the GPU-to-NIC path (and within
+// the NVLink x ngpus / (ngpus - 1)) and stops at ngpus channels, or once
+// channels x bwInter covers the GPU's NVLink, trying lower speeds while above
+// 0.49 of the best one's bwInter. No duplication (ncclTopoDupChannels skips
+// NVLS). Pass 2, with the channels fixed, raises bwInter alone a step at a
+// time while below twice bwIntra; once the path refuses a bwInter, the
+// search's next branch raises bwIntra under that same bwInter, which the path
+// still refuses, so bwInter stays at the last speed the path carried.
 NcclGraph search_net_nvls(const NcclTuningInput& in) {
   const auto& speeds = kSpeedsInterSm90;
   const int ngpus = in.ranks / in.nodes;
   size_t i = 0;
-  while (i + 1 < speeds.size() && speeds[i] > in.nic_gb_per_s) ++i;
+  const double budget = in.nvlink_gb_per_s * ngpus / (ngpus - 1);
+  while (i + 1 < speeds.size() && (speeds[i] > in.nic_gb_per_s || speeds[i] > budget + 1e-9)) ++i;
   NcclGraph best;
   for (; i < speeds.size(); ++i) {
     const int ch = nvls_net_channels(in, speeds[i], speeds[i]);
