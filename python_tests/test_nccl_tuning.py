@@ -79,7 +79,8 @@ H100_CASES = [
     # 1 GiB: NVLS 25 + 4026.53 = 4051.53 vs ring Simple 56 + 5219.58 = 5275.58.
     (GIB, "NVLS", "Simple", us(25.0, GIB, H100_BW["NVLS", "Simple"]), us(56.0, GIB, H100_BW["Ring", "Simple"])),
 ]
-MODEL_NAME = {"Ring": "ring", "Tree": "double_binary_tree", "NVLS": "in_switch"}
+# NVLSTree (more than one node only) is reported under the model's two-level algorithm.
+MODEL_NAME = {"Ring": "ring", "Tree": "double_binary_tree", "NVLS": "in_switch", "NVLSTree": "hierarchical"}
 
 
 @pytest.mark.parametrize("cc,nvlink,nvls,ring,tree,nvls_graph", [
@@ -89,6 +90,8 @@ MODEL_NAME = {"Ring": "ring", "Tree": "double_binary_tree", "NVLS": "in_switch"}
 def test_channel_search(cc, nvlink, nvls, ring, tree, nvls_graph):
     t = sim.NcclTuning(cc, 8, nvlink, nvls)
     assert t.graph("Ring") == ring and t.graph("Tree") == tree and t.graph("NVLS") == nvls_graph
+    # NVLSTree shares the NVLS graph (src/init.cc) but is off on one node: not in the table.
+    assert t.graph("NVLSTree") == nvls_graph
 
 
 @pytest.mark.parametrize("cc,nvlink,nvls,table", [(80, 240.0, False, A100_BW), (90, 370.8, True, H100_BW)])
@@ -499,7 +502,7 @@ def test_pipeline_launch_rejects_what_nccl_does_not_offer():
     t = _a100_tuning()
     with pytest.raises(ValueError, match="allowed: LL, LL128, Simple"):
         t.launch("all_reduce", MIB, "Ring", "LL64")
-    with pytest.raises(ValueError, match="allowed: Tree, Ring, NVLS"):
+    with pytest.raises(ValueError, match="allowed: Tree, Ring, NVLS, NVLSTree"):
         t.launch("all_reduce", MIB, "Star", "LL")
     with pytest.raises(ValueError, match="NVLS"):
         t.launch("all_reduce", MIB, "NVLS", "Simple")  # no NVLS on this A100 node
@@ -552,6 +555,15 @@ def test_time_model_must_be_tuner_or_pipeline():
 # NVLink chains fit: H100 is already at the top speed; A100 28 then 30
 # (8 x 30 = 240 = the GPU's 12 x 20 GB/s), 48 does not fit.
 # The communicator's channels: 2 x min(8, 8) = 16 (ncclTopoPostset).
+# NVLS graph with NICs (hgx-h100 only: NVLink SHARP, sm_90, more than 2 GPUs
+# per node; NVLS and NVLSTree share it). One channel per NIC, headed by the
+# GPU local to that NIC, taking bwInter of its GPU-to-NIC path and bwIntra of
+# every GPU's NVLink, twice of its head's: c channels fit while (c + 1) x
+# bwIntra <= 370.8. Pass 1 from 48: 48 gives 6 (7 x 48 = 336; 8 x 48 = 384 >
+# 370.8), 45 gives 7 (8 x 45 = 360), kept; 42 gives 7, not more; 40 gives 8
+# (9 x 40 = 360) = ngpus: done. No duplication for NVLS. Pass 2 raises
+# bwInter alone while below 2 x bwIntra: 42, 45, 48 (the path's 48 holds each
+# way): 8 channels, bwIntra 40, bwInter 48.
 #
 # ncclTopoTuneModel: bw per channel = bwIntra up to 2 nodes, bwInter beyond;
 # the N2 column (index2 = 1) at 2 nodes, N4 (index2 = 2) at 16; llMaxBw by
@@ -560,6 +572,9 @@ def test_time_model_must_be_tuner_or_pipeline():
 # Hopper 36.7; perChMaxTreeBws Ampere {24.0, 23.6, 17.8}, Hopper {38.7, 41.4,
 # 36.0}; perChMaxTreeLL128Bws Ampere 20.0, Hopper {36.7, 36.7, 29.0}; tree
 # LL128 x 120/128 across nodes. NVLS is off across nodes (no CollNet).
+# NVLSTree (all_reduce, Simple only, nNodes > 1): per channel min(bwIntra,
+# bwInter up to 2 nodes, bwInter / 2 beyond), x 5/6; latency baseLat 0 +
+# hwLat[NVLINK][NVLSTree] 25 + 2 x log2(nNodes) x hwLat[NET][NVLSTree] 14.
 # Latency: ring all_reduce nsteps = 2(N - 1), nInterSteps = 2 x nNodes:
 # baseLat + (nsteps - nInterSteps) x max(hwLat[NVLINK], netOverhead) +
 # nInterSteps x hwLat[NET]; netOverhead Intel 1 us, AMD 2 us, x 3 for Simple.
@@ -571,6 +586,7 @@ def test_time_model_must_be_tuner_or_pipeline():
 H100_N = 18 * 20.6  # the GPU's NVLink (system->totalBw)
 NET_RING = {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}   # hwLat[NET][Ring]
 NET_TREE = {"LL": 5.0, "LL128": 8.5, "Simple": 28.0}   # hwLat[NET][Tree]
+NET_NVLS_TREE, NVL_NVLS_TREE = 14.0, 25.0               # hwLat[NET] / hwLat[NVLINK][NVLSTree][Simple]
 NVL_RING = {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}    # hwLat[NVLINK][Ring]
 NVL_TREE = {"LL": 0.6, "LL128": 1.25, "Simple": 28.0}  # hwLat[NVLINK][Tree]
 BASE_RING = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}
@@ -587,33 +603,39 @@ def _tree_lat(ppn, log2_nodes):
     return {p: BASE_TREE[p] + 2 * ((ppn - 1) * NVL_TREE[p] + log2_nodes * NET_TREE[p]) for p in BASE_TREE}
 
 
+def _nvls_tree_lat(log2_nodes):
+    return 0.0 + NVL_NVLS_TREE + 2 * log2_nodes * NET_NVLS_TREE
+
+
 # (preset, nodes): ring and tree (channels, bwIntra, bwInter), the all_reduce
 # table (GB/s of algorithm bandwidth before the tree factor, us before the plateau).
 ACROSS = {
     ("hgx-h100", 2): dict(
-        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0),
+        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0), nvls=(8, 40.0, 48.0),
         bw={("Ring", "LL"): min(39.0, 8 * 48 * 0.5) * 16 / 30,             # 20.8
             ("Ring", "LL128"): min(8 * 48 * 0.92, 8 * 36.7) * 16 / 30,     # 293.6 x 16/30 = 156.587
             ("Ring", "Simple"): 8 * 48 * 16 / 30,                          # 204.8
             ("Tree", "LL"): min(min(8 * 48 * 0.92, 8 * 41.4) / 3.8, 39.0) * 0.5,  # 331.2 -> 39 x 0.5 = 19.5
             ("Tree", "LL128"): min(331.2 * 120 / 128, 8 * 36.7) * 0.5,     # 146.8
-            ("Tree", "Simple"): 331.2 * 0.5},                              # 165.6
-        # ring 43.4 / 79.4 / 152.8; tree 25.2 / 48.5 / 448
+            ("Tree", "Simple"): 331.2 * 0.5,                               # 165.6
+            ("NVLSTree", "Simple"): 8 * min(40.0, 48.0) * 5 / 6},          # 266.667
+        # ring 43.4 / 79.4 / 152.8; tree 25.2 / 48.5 / 448; NVLSTree 25 + 2 x 1 x 14 = 53
         lat={**{("Ring", p): v for p, v in _ring_lat(16, 2, 1.0).items()},
-             **{("Tree", p): v for p, v in _tree_lat(8, 1).items()}}),
+             **{("Tree", p): v for p, v in _tree_lat(8, 1).items()}, ("NVLSTree", "Simple"): _nvls_tree_lat(1)}),
     ("hgx-h100", 16): dict(
-        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0),
+        ring=(8, 48.0, 48.0), tree=(8, 48.0, 48.0), nvls=(8, 40.0, 48.0),
         bw={("Ring", "LL"): min(20.4, 8 * 48 * 0.5) * 128 / 254,           # 10.280
             ("Ring", "LL128"): min(8 * 48 * 0.92, 8 * 36.7) * 128 / 254,   # 147.956
             ("Ring", "Simple"): 8 * 48 * 128 / 254,                        # 193.512
             ("Tree", "LL"): min(min(8 * 48 * 0.92, 8 * 36.0) / 3.8, 20.4) * 0.5,  # 288 -> 20.4 x 0.5 = 10.2
             ("Tree", "LL128"): min(288 * 120 / 128, 8 * 29.0) * 0.5,       # 232 x 0.5 = 116
-            ("Tree", "Simple"): 288 * 0.5},                                # 144
-        # ring 315.0 / 563.8 / 1211.2; tree 55.2 / 99.5 / 616
+            ("Tree", "Simple"): 288 * 0.5,                                 # 144
+            ("NVLSTree", "Simple"): 8 * min(40.0, 48.0 / 2) * 5 / 6},      # 160
+        # ring 315.0 / 563.8 / 1211.2; tree 55.2 / 99.5 / 616; NVLSTree 25 + 2 x 4 x 14 = 137
         lat={**{("Ring", p): v for p, v in _ring_lat(128, 16, 1.0).items()},
-             **{("Tree", p): v for p, v in _tree_lat(8, 4).items()}}),
+             **{("Tree", p): v for p, v in _tree_lat(8, 4).items()}, ("NVLSTree", "Simple"): _nvls_tree_lat(4)}),
     ("hgx-a100", 2): dict(
-        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0),
+        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0), nvls=(0, 0.0, 0.0),
         bw={("Ring", "LL"): min(22.5, 8 * 24 * 0.5) * 16 / 30,             # 12.0
             ("Ring", "LL128"): min(8 * 24 * 0.92, 8 * 20.0) * 16 / 30,     # 160 x 16/30 = 85.333
             ("Ring", "Simple"): 8 * 24 * 16 / 30,                          # 102.4
@@ -625,7 +647,7 @@ ACROSS = {
         lat={**{("Ring", p): v for p, v in _ring_lat(16, 2, 2.0).items()},
              **{("Tree", p): v for p, v in _tree_lat(8, 1).items()}}),
     ("hgx-a100", 16): dict(
-        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0),
+        ring=(8, 24.0, 24.0), tree=(8, 30.0, 24.0), nvls=(0, 0.0, 0.0),
         bw={("Ring", "LL"): min(19.0, 8 * 24 * 0.5) * 128 / 254,           # 9.575
             ("Ring", "LL128"): min(8 * 24 * 0.92, 8 * 20.0) * 128 / 254,   # 80.630
             ("Ring", "Simple"): 8 * 24 * 128 / 254,                        # 96.756
@@ -643,11 +665,15 @@ TREE_FACTOR = {8: {"LL": 1.0, "LL128": 1.0, "Simple": 0.9}, 64 * KIB: {"LL": 0.6
                GIB: {"LL": 1.0, "LL128": 1.0, "Simple": 1.0}}
 # The pair of least hand-worked time, per size (see _hand_times).
 ACROSS_CHOICE = {
-    # 8 B: tree LL 25.2 us vs ring LL 43.4; 1 MiB: tree LL128 48.5 + 1 MiB / (146.8 x 0.6) = 60.40 vs ring
-    # LL128 79.4 + 6.70; 16 MiB: tree LL128 48.5 + 126.98 = 175.48 vs ring LL128 186.54; 1 GiB: ring Simple
-    # 152.8 x 1.4 + 5242.88 = 5456.80 vs tree Simple 448 + 6483.95.
-    ("hgx-h100", 2): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
-    ("hgx-h100", 16): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
+    # 8 B: tree LL 25.2 us vs ring LL 43.4 and NVLSTree 53.0; 64 KiB: tree LL 25.2 + 65536 / (19.5e3 x 0.6)
+    # = 30.80 vs NVLSTree 53 + 0.25. From 1 MiB NVLSTree (53 us, 266.667 GB/s) wins: 1 MiB 53 + 3.93 = 56.93
+    # vs tree LL128 48.5 + 1 MiB / (146.8 x 0.6) = 60.40; 16 MiB 53 + 62.91 = 115.91 vs tree LL128 48.5 +
+    # 126.98 = 175.48; 1 GiB 53 + 4026.53 = 4079.53 vs ring Simple 152.8 x 1.4 + 5242.88 = 5456.80.
+    ("hgx-h100", 2): ["Tree/LL", "Tree/LL", "NVLSTree/Simple", "NVLSTree/Simple", "NVLSTree/Simple"],
+    # 16 nodes, NVLSTree 137 us at 160 GB/s: 1 MiB 137 + 6.55 = 143.55 loses to tree LL128 99.5 + 1 MiB /
+    # (116 x 0.6) = 114.57; 16 MiB 137 + 104.86 = 241.86 beats tree LL128 99.5 + 16 MiB / (116 x 0.9) =
+    # 260.20; 1 GiB 137 + 6710.89 = 6847.89 beats ring Simple 1211.2 x 1.4 + 1 GiB / 193.512 = 7244.39.
+    ("hgx-h100", 16): ["Tree/LL", "Tree/LL", "Tree/LL128", "NVLSTree/Simple", "NVLSTree/Simple"],
     # 16 MiB at 2 nodes: ring LL128 82.0 + 16 MiB / 85.333 = 278.61 vs tree LL128 48.5 + 16 MiB / 72 = 281.52.
     ("hgx-a100", 2): ["Tree/LL", "Tree/LL", "Tree/LL128", "Ring/LL128", "Ring/Simple"],
     ("hgx-a100", 16): ["Tree/LL", "Tree/LL", "Tree/LL128", "Tree/LL128", "Ring/Simple"],
@@ -678,7 +704,8 @@ def test_channel_search_across_nodes(key):
                        amd_cpu=name == "hgx-a100")
     assert t.graph_across_nodes("Ring") == ACROSS[key]["ring"]
     assert t.graph_across_nodes("Tree") == ACROSS[key]["tree"]
-    assert t.graph("NVLS") == (0, 0.0)  # no NVLS graph across nodes (NVLS needs CollNet there)
+    # One NVLS graph for NVLS and NVLSTree (none on A100); NVLS itself is not offered across nodes.
+    assert t.graph_across_nodes("NVLS") == t.graph_across_nodes("NVLSTree") == ACROSS[key]["nvls"]
     assert t.collective_channels == 16
 
 
@@ -691,7 +718,7 @@ def test_latency_and_bandwidth_across_nodes(key):
     nranks = 8 * nodes
     for size in SIZES:
         got = {(c["algorithm"], c["protocol"]): c for c in t.candidates("all_reduce", size)}
-        assert set(got) == set(ACROSS[key]["bw"]), size  # Ring and Tree only: no NVLS across nodes
+        assert set(got) == set(ACROSS[key]["bw"]), size  # no NVLS across nodes; NVLSTree on H100 only
         for (algo, proto), gbps in ACROSS[key]["bw"].items():
             factor = TREE_FACTOR[size][proto] if algo == "Tree" else 1.0
             lat = ACROSS[key]["lat"][algo, proto]
@@ -717,11 +744,14 @@ def test_pair_chosen_per_size_across_nodes_on_the_presets(key):
 
 
 def test_other_collectives_across_nodes():
-    # hgx-h100, 2 nodes (16 ranks), ring only (NVLS is off across nodes).
+    # hgx-h100, 2 nodes (16 ranks), ring only (NVLS is off across nodes, NVLSTree and Tree are all_reduce's).
     # all_gather: nsteps 15, nInterSteps nNodes - 1 = 1, ratio 16/15:
     # LL 6.6 + 14 x max(0.6, 1.0) + 1 x 2.7 = 23.3 us at min(39, 192) x 16/15 = 41.6 GB/s.
     # broadcast: the channels are not the same ring each (sameChannels 0):
     # nsteps = 16 x hwLat[NET][Ring][LL] 2.7: 6.6 + 43.2 = 49.8 us at 39 GB/s.
+    t = sim.NcclTuning(90, 16, H100_N, True, nodes=2, nics=8, nic_gb_per_s=48.0)
+    for op in ("all_gather", "reduce_scatter", "broadcast", "reduce"):
+        assert {c["algorithm"] for c in t.candidates(op, GIB)} == {"Ring"}, op
     p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2})
     g = sim.collective(p, "all_gather", 8, 16)
     assert (g.algorithm, g.protocol) == ("ring", "LL")
@@ -760,6 +790,9 @@ def test_communicators_the_model_does_not_cover_across_nodes_keep_the_topology_m
     t = sim.NcclTuning(90, 4, H100_N, True, nodes=2, nics=2, nic_gb_per_s=48.0)
     assert t.graph_across_nodes("Ring") == (4, 24.0, 24.0)
     assert t.graph_across_nodes("Tree") == (4, 48.0, 24.0)
+    # Two GPUs per node: no NVLS (src/transport/nvls.cc ncclNvlsInit needs more than 2), so no NVLSTree.
+    assert t.graph_across_nodes("NVLSTree") == (0, 0.0, 0.0)
+    assert "NVLSTree" not in {c["algorithm"] for c in t.candidates("all_reduce", GIB)}
     assert sim.collective(p, "all_reduce", MIB, [0, 1, 8, 9]).protocol != ""
     # One GPU per node, different GPUs per node, and NICs without GPUDirect: the topology model.
     assert sim.collective(p, "all_reduce", MIB, [0, 8]).protocol == ""
@@ -772,10 +805,80 @@ def test_communicators_the_model_does_not_cover_across_nodes_keep_the_topology_m
 
 def test_pipeline_time_model_keeps_the_tuners_time_across_nodes():
     # time_model "pipeline" times rings within a node; across nodes it keeps
-    # the tuner's time (1 GiB on 2 H100 nodes: ring Simple 5456.80 us).
+    # the tuner's time (1 GiB on 2 H100 nodes: NVLSTree Simple 4079.53 us;
+    # 1 GiB on 2 A100 nodes: ring Simple).
     p = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2, "collectives.nccl_tuner.time_model": "pipeline"})
     r = sim.collective(p, "all_reduce", GIB, 16)
+    assert (r.algorithm, r.protocol) == ("hierarchical", "Simple")
+    assert r.time * 1e6 == approx(_hand_times(("hgx-h100", 2), GIB)["NVLSTree", "Simple"], rel=1e-9)
+    a100 = zion_emu.load_platform("hgx-a100", overrides={"nodes": 2, "collectives.nccl_tuner.time_model": "pipeline"})
+    r = sim.collective(a100, "all_reduce", GIB, 16)
     assert (r.algorithm, r.protocol) == ("ring", "Simple")
-    assert r.time * 1e6 == approx(_hand_times(("hgx-h100", 2), GIB)["Ring", "Simple"], rel=1e-9)
+    assert r.time * 1e6 == approx(_hand_times(("hgx-a100", 2), GIB)["Ring", "Simple"], rel=1e-9)
     t = sim.NcclTuning(90, 16, H100_N, True, nodes=2, nics=8, nic_gb_per_s=48.0)
     assert t.launch("all_reduce", GIB, "Ring", "Simple")["modeled"] is False
+    assert t.launch("all_reduce", GIB, "NVLSTree", "Simple")["modeled"] is False
+
+
+def test_nvls_tree_all_reduce_on_h100_nodes_by_hand():
+    # NCCL v2.21.5's NVLSTree for all_reduce on nodes of 8 H100s (graph worked
+    # in the comment above ACROSS: 8 channels, bwIntra 40, bwInter 48 GB/s).
+    # 2 nodes: bw = 8 x min(40, 48) x 5/6 = 320 x 5/6 = 266.667 GB/s;
+    #          latency = 0 + 25 + 2 x log2(2) x 14 = 53 us.
+    # 16 nodes: bw = 8 x min(40, 48 / 2) x 5/6 = 192 x 5/6 = 160 GB/s;
+    #          latency = 0 + 25 + 2 x log2(16) x 14 = 137 us.
+    # No tree correction factor and no ring plateau: 1 GiB takes 53 + 2^30 / 266.667e3 = 4079.53 us on 2
+    # nodes and 137 + 2^30 / 160e3 = 6847.89 us on 16.
+    for nodes, lat_us, gbps, gib_us in [(2, 25 + 2 * 1 * 14.0, 8 * min(40.0, 48.0) * 5 / 6, 4079.53184),
+                                        (16, 25 + 2 * 4 * 14.0, 8 * min(40.0, 48.0 / 2) * 5 / 6, 6847.8864)]:
+        t = sim.NcclTuning(90, 8 * nodes, H100_N, True, nodes=nodes, nics=8, nic_gb_per_s=48.0)
+        nt = [c for c in t.candidates("all_reduce", GIB) if c["algorithm"] == "NVLSTree"]
+        assert [c["protocol"] for c in nt] == ["Simple"], nodes  # Simple only
+        assert nt[0]["latency"] == approx(lat_us * 1e-6, rel=1e-12), nodes
+        assert nt[0]["bandwidth"] == approx(gbps * 1e9, rel=1e-12), nodes
+        assert nt[0]["time"] * 1e6 == approx(gib_us, rel=1e-9), nodes
+        assert t.choose("all_reduce", GIB)[:2] == ("NVLSTree", "Simple")
+    # Before NVLSTree was modeled these were Tree/LL128 (1 MiB and 16 MiB at 2 nodes, 16 MiB at 16) and
+    # Ring/Simple (1 GiB); small sizes stay on Tree/LL, and 1 MiB at 16 nodes on Tree/LL128 (ACROSS_CHOICE).
+    p2 = zion_emu.load_platform("hgx-h100", overrides={"nodes": 2})
+    p16 = zion_emu.load_platform("hgx-h100", overrides={"nodes": 16})
+    chosen = {(nodes, size): (r.algorithm, r.protocol)
+              for nodes, p in ((2, p2), (16, p16)) for size in SIZES
+              for r in [sim.collective(p, "all_reduce", size, 8 * nodes)]}
+    assert chosen == {
+        (2, 8): ("double_binary_tree", "LL"), (2, 64 * KIB): ("double_binary_tree", "LL"),
+        (2, MIB): ("hierarchical", "Simple"), (2, 16 * MIB): ("hierarchical", "Simple"),
+        (2, GIB): ("hierarchical", "Simple"),
+        (16, 8): ("double_binary_tree", "LL"), (16, 64 * KIB): ("double_binary_tree", "LL"),
+        (16, MIB): ("double_binary_tree", "LL128"), (16, 16 * MIB): ("hierarchical", "Simple"),
+        (16, GIB): ("hierarchical", "Simple"),
+    }
+    # hgx-a100 has no NVLink SHARP: no NVLS graph, no NVLSTree, the choices as before.
+    for nodes in (2, 16):
+        a = sim.NcclTuning(80, 8 * nodes, 240.0, False, nodes=nodes, nics=8, nic_gb_per_s=24.0, amd_cpu=True)
+        assert a.graph_across_nodes("NVLSTree") == (0, 0.0, 0.0)
+        assert {c["algorithm"] for c in a.candidates("all_reduce", GIB)} == {"Ring", "Tree"}
+        pa = zion_emu.load_platform("hgx-a100", overrides={"nodes": nodes})
+        got = ["/".join((r.algorithm, r.protocol)) for size in SIZES
+               for r in [sim.collective(pa, "all_reduce", size, 8 * nodes)]]
+        assert got == [{"Tree": "double_binary_tree", "Ring": "ring"}[c.split("/")[0]] + "/" + c.split("/")[1]
+                       for c in ACROSS_CHOICE["hgx-a100", nodes]]
+
+
+@pytest.mark.parametrize("nics,nic,graph", [
+    # 45 GB/s paths: pass 1 45 -> 7 channels (8 x 45 = 360), 42 -> 7, 40 -> 8 = ngpus; pass 2 raises
+    # bwInter to 42 and 45; 48 is above the path.
+    (8, 45.0, (8, 40.0, 45.0)),
+    # 24 GB/s paths: 8 channels at 24 at once (9 x 24 = 216); 30 does not fit the path: 24 / 24.
+    (8, 24.0, (8, 24.0, 24.0)),
+    # 4 NICs: one channel each, 4 at 48 (5 x 48 = 240); no lower speed gives more channels (the
+    # product only falls) and 22 / 48 < 0.49 ends pass 1; bwInter is already at the top.
+    (4, 48.0, (4, 48.0, 48.0)),
+])
+def test_nvls_graph_with_nics(nics, nic, graph):
+    t = sim.NcclTuning(90, 16, H100_N, True, nodes=2, nics=nics, nic_gb_per_s=nic)
+    assert t.graph_across_nodes("NVLSTree") == graph
+    ch, intra, inter = graph
+    lat, bw = [(c["latency"], c["bandwidth"]) for c in t.candidates("all_reduce", MIB) if c["algorithm"] == "NVLSTree"][0]
+    assert lat == approx(53e-6, rel=1e-12)
+    assert bw == approx(ch * min(intra, inter) * 5 / 6 * 1e9, rel=1e-12)

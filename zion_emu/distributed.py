@@ -226,7 +226,8 @@ def last_collective(group: "dist.ProcessGroup | None" = None) -> dict[str, Any]:
 
     ``protocol`` is NCCL's (``"LL"``, ``"LL128"`` or ``"Simple"``) when the
     platform's model of NCCL's tuner priced the call, and then ``algorithm`` is
-    the one that tuner chose (``ring``, ``double_binary_tree``, ``in_switch``).
+    the one that tuner chose (``ring``, ``double_binary_tree``, ``in_switch``,
+    or across nodes ``hierarchical`` for NCCL's NVLSTree).
     It is None when the topology model priced the call: the group forces an
     algorithm or a link model other than ``fair``, the platform has the tuner
     off (``collectives.nccl_tuner.enabled``) or a fabric other than an NVSwitch,

@@ -127,25 +127,15 @@ void bind_collectives(py::module_& sim) {
            "and whether the host CPU is AMD's")
       .def("graph",
            [](const NcclTuning& t, const std::string& algorithm) {
-             for (int a = 0; a < kNcclAlgorithms; ++a) {
-               if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(a))) {
-                 const NcclGraph& g = t.graph(static_cast<NcclAlgorithm>(a));
-                 return py::make_tuple(g.channels, g.bandwidth);
-               }
-             }
-             throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
+             const NcclGraph& g = t.graph(parse_nccl_algorithm(algorithm));
+             return py::make_tuple(g.channels, g.bandwidth);
            },
            py::arg("algorithm"), "(channels, GB/s per channel) of NCCL's channel search")
       .def(
           "graph_across_nodes",
           [](const NcclTuning& t, const std::string& algorithm) {
-            for (int a = 0; a < kNcclAlgorithms; ++a) {
-              if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(a))) {
-                const NcclGraph& g = t.graph(static_cast<NcclAlgorithm>(a));
-                return py::make_tuple(g.channels, g.bandwidth, g.inter_bandwidth);
-              }
-            }
-            throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
+            const NcclGraph& g = t.graph(parse_nccl_algorithm(algorithm));
+            return py::make_tuple(g.channels, g.bandwidth, g.inter_bandwidth);
           },
           py::arg("algorithm"), "(channels, bwIntra, bwInter GB/s per channel) of NCCL's channel search with NICs")
       .def(
@@ -178,18 +168,15 @@ void bind_collectives(py::module_& sim) {
           "launch",
           [](const NcclTuning& t, const std::string& op, double bytes, const std::string& algorithm,
              const std::string& protocol) {
-            int a = -1, p = -1;
-            for (int i = 0; i < kNcclAlgorithms; ++i) {
-              if (algorithm == nccl_algorithm_name(static_cast<NcclAlgorithm>(i))) a = i;
-            }
+            const NcclAlgorithm a = parse_nccl_algorithm(algorithm);
+            int p = -1;
             for (int i = 0; i < kNcclProtocols; ++i) {
               if (protocol == nccl_protocol_name(static_cast<NcclProtocol>(i))) p = i;
             }
-            if (a < 0) throw py::value_error("unknown NCCL algorithm '" + algorithm + "'; allowed: Tree, Ring, NVLS");
             if (p < 0) throw py::value_error("unknown NCCL protocol '" + protocol + "'; allowed: LL, LL128, Simple");
             NcclLaunch l;
             try {
-              l = t.launch(parse_collective_op(op), bytes, static_cast<NcclAlgorithm>(a), static_cast<NcclProtocol>(p));
+              l = t.launch(parse_collective_op(op), bytes, a, static_cast<NcclProtocol>(p));
             } catch (const std::invalid_argument& e) {
               throw py::value_error(e.what());
             }

@@ -16,8 +16,8 @@ using nccl_tables::kNvlinkLatency;
 using nccl_tables::kPerChMaxRingLL128Bw;
 
 // Figures of NCCL v2.21.5 (tag v2.21.5-1), src/graph/tuning.cc and
-// src/graph/search.cc. Indices: algorithm Tree, Ring, NVLS; protocol LL,
-// LL128, Simple. Microseconds and GB/s. baseLat, hwLat[NVLINK], llMaxBws and
+// src/graph/search.cc. Indices: algorithm Tree, Ring, NVLS, NVLSTree;
+// protocol LL, LL128, Simple. Microseconds and GB/s. baseLat, hwLat[NVLINK], llMaxBws and
 // the ring LL128 cap, which the pipeline model shares, are in nccl_tables.h;
 // the pipeline model itself (launch, time) is nccl_launch.cpp.
 
@@ -120,9 +120,10 @@ constexpr double kPerChMaxTreeLL128BwByNodes[3][3] = {{20.0, 20.0, 20.0}, {20.0,
 constexpr double kPerChMaxTreeBwByNodes[3][3] = {{26.5, 18.5, 10.0}, {24.0, 23.6, 17.8}, {38.7, 41.4, 36.0}};
 // llMaxBws across nodes goes by CPU vendor: row 0 Intel (and others), row 1 AMD.
 constexpr double kLLMaxBwAcrossNodes[2][3] = {{39.0, 39.0, 20.4}, {87.7, 22.5, 19.0}};
-// hwLat[NET]: Tree {5.0, 8.5, 28}, Ring {2.7, 4.0, 14.0} (NVLS 18 and
-// NVLSTree 14 are not used: neither is offered here).
-constexpr double kNetLatency[2][kNcclProtocols] = {{5.0, 8.5, 28}, {2.7, 4.0, 14.0}};
+// hwLat[NET]: Tree {5.0, 8.5, 28}, Ring {2.7, 4.0, 14.0}, NVLS {0, 0, 18}
+// (unused: NVLS is off across nodes without CollNet), NVLSTree {0, 0, 14}.
+constexpr double kNetLatency[kNcclAlgorithms][kNcclProtocols] = {
+    {5.0, 8.5, 28}, {2.7, 4.0, 14.0}, {0, 0, 18}, {0, 0, 14}};
 // getNetOverhead: the NIC's post overhead per inter-node ring step, x86 Intel
 // 1 us, AMD 2 us (other CPUs 1 us); Simple pays it three times.
 constexpr double kNetOverheadIntel = 1.0, kNetOverheadAmd = 2.0;
@@ -207,6 +208,63 @@ NcclGraph search_net_tree(const NcclTuningInput& in, const NcclGraph& ring) {
   throw std::invalid_argument("NCCL channel search: no tree of " + std::to_string(ring.channels) + " channels fits the NICs");
 }
 
+// NVLS channels with NICs (ncclTopoSearchRecNet, pattern NVLS): channel c
+// takes the c-th NIC (one NIC per channel, so at most nics channels, and at
+// most one head per GPU: maxChannels = ngpus) and the GPU local to it as its
+// head (ncclTopoGetLocalGpu: each NIC at PIX is local to a GPU of its own),
+// bwInter of the GPU-to-NIC path each way, then (ncclTopoSearchTryNvls)
+// bwIntra of every GPU's NVLink each way and twice that of the head's. With
+// distinct heads, c channels fit while (c + 1) x bwIntra fits the NVLink.
+int nvls_net_channels(const NcclTuningInput& in, double intra, double inter) {
+  if (inter > in.nic_gb_per_s + 1e-9) return 0;
+  const int heads = std::min(in.nics, in.ranks / in.nodes);
+  return std::max(0, std::min(heads, channels_fitting(in.nvlink_gb_per_s, intra) - 1));
+}
+
+// ncclTopoCompute with NICs, NVLS pattern (minChannels 1, maxChannels ngpus;
+// ncclTopoCompareGraphs keeps more channels, or more channels x bwInter).
+// Pass 1 starts at the highest speed within the GPU-to-NIC path (and within
+// the NVLink x ngpus / (ngpus - 1)) and stops at ngpus channels, or once
+// channels x bwInter covers the GPU's NVLink, trying lower speeds while above
+// 0.49 of the best one's bwInter. No duplication (ncclTopoDupChannels skips
+// NVLS). Pass 2, with the channels fixed, raises bwInter alone a step at a
+// time while below twice bwIntra; once the path refuses a bwInter, the
+// search's next branch raises bwIntra under that same bwInter, which the path
+// still refuses, so bwInter stays at the last speed the path carried.
+NcclGraph search_net_nvls(const NcclTuningInput& in) {
+  const auto& speeds = kSpeedsInterSm90;
+  const int ngpus = in.ranks / in.nodes;
+  size_t i = 0;
+  const double budget = in.nvlink_gb_per_s * ngpus / (ngpus - 1);
+  while (i + 1 < speeds.size() && (speeds[i] > in.nic_gb_per_s || speeds[i] > budget + 1e-9)) ++i;
+  NcclGraph best;
+  for (; i < speeds.size(); ++i) {
+    const int ch = nvls_net_channels(in, speeds[i], speeds[i]);
+    if (ch > best.channels || ch * speeds[i] > best.channels * best.inter_bandwidth) best = {ch, speeds[i], speeds[i]};
+    if (best.channels == ngpus) break;
+    if (best.channels > 0 && best.channels * best.inter_bandwidth >= in.nvlink_gb_per_s - 1e-9) break;
+    if (i + 1 < speeds.size() && best.channels > 0 && speeds[i + 1] / best.inter_bandwidth <= 0.49) break;
+  }
+  if (best.channels == 0) return {};
+  size_t k = 0;
+  while (k + 1 < speeds.size() && speeds[k] > best.inter_bandwidth) ++k;
+  double intra = speeds[k], inter = speeds[k];
+  while (k > 0) {
+    if (inter == best.inter_bandwidth && inter < 2 * intra) {
+      inter = speeds[--k];
+    } else if (intra == best.bandwidth && intra < 2 * inter) {
+      intra = speeds[--k];
+    } else {
+      break;
+    }
+    // The same channels at (intra, inter): kept when they fit and carry more x bwInter.
+    if (nvls_net_channels(in, intra, inter) >= best.channels && inter > best.inter_bandwidth) {
+      best.bandwidth = intra;
+      best.inter_bandwidth = inter;
+    }
+  }
+  return best;
+}
 
 int log2_floor(double bytes) {
   long long n = static_cast<long long>(bytes);
@@ -222,8 +280,25 @@ const char* nccl_algorithm_name(NcclAlgorithm a) {
     case NcclAlgorithm::kTree: return "Tree";
     case NcclAlgorithm::kRing: return "Ring";
     case NcclAlgorithm::kNvls: return "NVLS";
+    case NcclAlgorithm::kNvlsTree: return "NVLSTree";
   }
   return "?";
+}
+
+std::vector<std::string> nccl_algorithm_names() {
+  std::vector<std::string> out;
+  for (int a = 0; a < kNcclAlgorithms; ++a) out.emplace_back(nccl_algorithm_name(static_cast<NcclAlgorithm>(a)));
+  return out;
+}
+
+NcclAlgorithm parse_nccl_algorithm(const std::string& name) {
+  std::string allowed;
+  for (int a = 0; a < kNcclAlgorithms; ++a) {
+    const auto algo = static_cast<NcclAlgorithm>(a);
+    if (name == nccl_algorithm_name(algo)) return algo;
+    allowed += (a ? ", " : "") + std::string(nccl_algorithm_name(algo));
+  }
+  throw std::invalid_argument("unknown NCCL algorithm '" + name + "'; allowed: " + allowed);
 }
 
 const char* nccl_protocol_name(NcclProtocol p) {
@@ -240,6 +315,7 @@ Algorithm model_algorithm(NcclAlgorithm a) {
     case NcclAlgorithm::kTree: return Algorithm::kDoubleBinaryTree;
     case NcclAlgorithm::kRing: return Algorithm::kRing;
     case NcclAlgorithm::kNvls: return Algorithm::kInSwitch;
+    case NcclAlgorithm::kNvlsTree: return Algorithm::kHierarchical;
   }
   return Algorithm::kRing;
 }
@@ -285,6 +361,7 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
   graphs_[static_cast<int>(NcclAlgorithm::kTree)] =
       search_tree(cc, in.nvlink_gb_per_s, n, graphs_[static_cast<int>(NcclAlgorithm::kRing)]);
   if (in.nvls && cc >= 90) graphs_[static_cast<int>(NcclAlgorithm::kNvls)] = search_nvls(in.nvlink_gb_per_s, n);
+  graphs_[static_cast<int>(NcclAlgorithm::kNvlsTree)] = graphs_[static_cast<int>(NcclAlgorithm::kNvls)];
 
   for (CollectiveOp op : {CollectiveOp::kBroadcast, CollectiveOp::kReduce, CollectiveOp::kAllGather,
                           CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
@@ -294,7 +371,9 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
                                                                                               : n;
     for (int a = 0; a < kNcclAlgorithms; ++a) {
       const auto algo = static_cast<NcclAlgorithm>(a);
-      // Tree only for all_reduce; NVLS for all_reduce, all_gather and reduce_scatter.
+      // Tree only for all_reduce; NVLS for all_reduce, all_gather and reduce_scatter;
+      // NVLSTree needs more than one node (tuning.cc: algoEnable[NVLS_TREE] = 0 when nNodes == 1).
+      if (algo == NcclAlgorithm::kNvlsTree) continue;
       if (algo == NcclAlgorithm::kTree && op != CollectiveOp::kAllReduce) continue;
       if (algo == NcclAlgorithm::kNvls && (op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce)) continue;
       const NcclGraph& g = graphs_[a];
@@ -333,10 +412,11 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
   }
 }
 
-// ncclTopoTuneModel for nNodes > 1, Ring and Tree (NVLS is off across nodes
-// without CollNet: algoEnable[NVLS] = 0 when collNetSupport is 0; NVLSTree
-// and CollNet are not modeled). LL128 stays enabled: the NICs are at PIX
-// (<= PATH_PXB), the GPUs on NVLink, one compute capability.
+// ncclTopoTuneModel for nNodes > 1: Ring and Tree, and NVLSTree for
+// all_reduce where NVLS is supported (NVLS itself is off across nodes without
+// CollNet: algoEnable[NVLS] = 0 when collNetSupport is 0; CollNet is not
+// modeled). LL128 stays enabled: the NICs are at PIX (<= PATH_PXB), the GPUs
+// on NVLink, one compute capability.
 void NcclTuning::tune_across_nodes() {
   const NcclTuningInput& in = input_;
   const int cc = in.compute_capability;
@@ -353,6 +433,14 @@ void NcclTuning::tune_across_nodes() {
   const NcclGraph ring = search_net_ring(in);
   graphs_[static_cast<int>(NcclAlgorithm::kRing)] = ring;
   graphs_[static_cast<int>(NcclAlgorithm::kTree)] = search_net_tree(in, ring);
+  // NVLS support (src/transport/nvls.cc ncclNvlsInit: more than 2 GPUs in the
+  // node; search.cc: an NVSwitch and compute capability >= 90), then the NVLS
+  // graph with NICs, which NVLS and NVLSTree share.
+  if (in.nvls && cc >= 90 && local > 2) {
+    const NcclGraph nvls = search_net_nvls(in);
+    graphs_[static_cast<int>(NcclAlgorithm::kNvls)] = nvls;
+    graphs_[static_cast<int>(NcclAlgorithm::kNvlsTree)] = nvls;
+  }
 
   for (CollectiveOp op : {CollectiveOp::kBroadcast, CollectiveOp::kReduce, CollectiveOp::kAllGather,
                           CollectiveOp::kReduceScatter, CollectiveOp::kAllReduce}) {
@@ -405,6 +493,18 @@ void NcclTuning::tune_across_nodes() {
         }
         latency_[c][a][p] = lat;
       }
+    }
+    // NVLSTree, all_reduce only, Simple only: an NVLS reduce-scatter to the
+    // heads, a tree of the heads across nodes, an NVLS all-gather.
+    const NcclGraph& nt = graphs_[static_cast<int>(NcclAlgorithm::kNvlsTree)];
+    if (all_reduce && nt.channels > 0) {
+      const int a = static_cast<int>(NcclAlgorithm::kNvlsTree);
+      const int p = static_cast<int>(NcclProtocol::kSimple);
+      // min(bwIntra, bwInter up to 2 nodes, bwInter / 2 beyond), x 5/6 to algorithm bandwidth.
+      const double per_channel = std::min(nt.bandwidth, nodes <= 2 ? nt.inter_bandwidth : nt.inter_bandwidth / 2);
+      bandwidth_[c][a][p] = nt.channels * per_channel * 5.0 / 6.0;
+      // baseLat + hwLat[NVLINK] + 2 log2(nNodes) hwLat[NET] (graph->latencyInter 0, as above).
+      latency_[c][a][p] = kBaseLatency[a][p] + kNvlinkLatency[a][p] + 2 * log2_nodes * kNetLatency[a][p];
     }
   }
 }

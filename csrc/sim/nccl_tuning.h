@@ -15,8 +15,8 @@
 // factor 1/3.8 and LL128 7/9), converted to algorithm bandwidth (ring
 // ranks/steps, tree 1/2, NVLS 5/6); trees' bandwidth is further scaled by a
 // correction factor per power-of-two size. The (algorithm, protocol) of least
-// time is chosen, ties going to the first in NCCL's order (Tree, Ring, NVLS;
-// LL, LL128, Simple).
+// time is chosen, ties going to the first in NCCL's order (Tree, Ring, NVLS,
+// NVLSTree; LL, LL128, Simple).
 //
 // Sizes are NCCL's nBytes, which are the nccl-tests sizes: the buffer of
 // all_reduce, broadcast and reduce, the gathered output of all_gather and the
@@ -44,9 +44,16 @@
 // latencies (hwLat[NET], the NIC's post overhead, ring inter-node steps,
 // tree log2(nodes) inter-node hops); and
 // ncclTopoGetAlgoTime's ring plateau (Simple all_reduce latency x 1.4, x 1.9
-// before Ampere). NVLS is not offered across nodes (NCCL needs CollNet for
-// it there); NVLSTree and CollNet are not modeled. Both time models charge
-// the tuner's own time across nodes.
+// before Ampere). With NVLink SHARP (nvls, compute capability >= 90, more
+// than 2 GPUs per node) the NVLS graph is searched with NICs too (one channel
+// per NIC, headed by the GPU local to it, bwInter raised alone in pass 2),
+// and all_reduce gets NVLSTree / Simple (src/graph/tuning.cc: per channel
+// min(bwIntra, bwInter, or bwInter / 2 beyond 2 nodes), x 5/6; latency
+// hwLat[NVLINK] + 2 log2(nodes) hwLat[NET]; src/enqueue.cc topoGetAlgoInfo
+// offers it where NVLS is supported, src/graph/tuning.cc only with
+// nNodes > 1). NVLS itself stays off across nodes (NCCL needs CollNet for it
+// there); CollNet is not modeled. Both time models charge the tuner's own
+// time across nodes.
 
 #include <array>
 #include <string>
@@ -57,17 +64,25 @@
 
 namespace zion::sim {
 
-enum class NcclAlgorithm { kTree = 0, kRing, kNvls };
+// NCCL's algorithms in its order (src/include/device.h NCCL_ALGO_*, less the
+// two CollNet ones, which are not modeled): ties go to the first.
+enum class NcclAlgorithm { kTree = 0, kRing, kNvls, kNvlsTree };
 enum class NcclProtocol { kLL = 0, kLL128, kSimple };
-inline constexpr int kNcclAlgorithms = 3;
+inline constexpr int kNcclAlgorithms = 4;
 inline constexpr int kNcclProtocols = 3;
-const char* nccl_algorithm_name(NcclAlgorithm a);  // "Tree", "Ring", "NVLS" (NCCL's spelling)
+const char* nccl_algorithm_name(NcclAlgorithm a);  // "Tree", "Ring", "NVLS", "NVLSTree" (NCCL's ncclAlgoStr)
 const char* nccl_protocol_name(NcclProtocol p);    // "LL", "LL128", "Simple"
+std::vector<std::string> nccl_algorithm_names();  // in NcclAlgorithm's order
+// NCCL's spelling to the enum; throws std::invalid_argument naming the allowed.
+NcclAlgorithm parse_nccl_algorithm(const std::string& name);
 // The model's algorithm under the CollectiveModel's names: ring,
-// double_binary_tree, in_switch.
+// double_binary_tree, in_switch, and hierarchical for NVLSTree (a reduce-
+// scatter through the node's NVSwitch, a tree across nodes, an all-gather
+// through the NVSwitch: the two levels of the model's hierarchical).
 Algorithm model_algorithm(NcclAlgorithm a);
 
 // One channel graph of NCCL's search: channels of `bandwidth` GB/s each.
+// NVLS and NVLSTree share one graph, as in NCCL (src/init.cc graphs[]).
 struct NcclGraph {
   int channels = 0;
   double bandwidth = 0;  // GB/s per channel (NVLS: min(bwIntra, bwInter)); across nodes bwIntra
@@ -105,7 +120,7 @@ struct NcclChoice {
 // How NCCL v2.21.5 runs one call of a ring (algorithm, protocol), and the
 // time that takes on the busiest channel (the channels run in parallel).
 struct NcclLaunch {
-  bool modeled = false;        // false: Tree, or any pair across nodes, timed by the tuner in both models
+  bool modeled = false;        // false: Tree, or any pair across nodes (NVLSTree too), timed by the tuner in both models
   int collective_channels = 0; // the communicator's (ncclTopoPostset: 2 x min(ring, tree) search channels, <= 32)
   int channels = 0;            // launched (enqueue.cc getChannnelThreadInfo, then addTunedCollToPlan)
   int threads = 0;             // per channel
