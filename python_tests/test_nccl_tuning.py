@@ -94,6 +94,17 @@ def test_channel_search(cc, nvlink, nvls, ring, tree, nvls_graph):
     assert t.graph("NVLSTree") == nvls_graph
 
 
+def test_two_gpus_on_one_node_get_no_nvls():
+    # src/transport/nvls.cc ncclNvlsInit returns with nvlsSupport 0 for 2 GPUs or fewer: a pair of H100s on
+    # one NVSwitch node chooses among ring and tree only, as 3 GPUs choose NVLS again.
+    def offered(ranks):
+        return {c["algorithm"] for c in sim.NcclTuning(90, ranks, H100_N, True).candidates("all_reduce", MIB)}
+    assert sim.NcclTuning(90, 2, H100_N, True).graph("NVLS") == (0, 0.0)
+    assert offered(2) == {"Ring", "Tree"}
+    assert sim.NcclTuning(90, 3, H100_N, True).graph("NVLS")[0] > 0
+    assert offered(3) == {"Ring", "Tree", "NVLS"}
+
+
 @pytest.mark.parametrize("cc,nvlink,nvls,table", [(80, 240.0, False, A100_BW), (90, 370.8, True, H100_BW)])
 def test_latency_and_bandwidth_table(cc, nvlink, nvls, table):
     t = sim.NcclTuning(cc, 8, nvlink, nvls)

@@ -360,7 +360,9 @@ NcclTuning::NcclTuning(const NcclTuningInput& in) : input_(in) {
   graphs_[static_cast<int>(NcclAlgorithm::kRing)] = search_ring(cc, in.nvlink_gb_per_s);
   graphs_[static_cast<int>(NcclAlgorithm::kTree)] =
       search_tree(cc, in.nvlink_gb_per_s, n, graphs_[static_cast<int>(NcclAlgorithm::kRing)]);
-  if (in.nvls && cc >= 90) graphs_[static_cast<int>(NcclAlgorithm::kNvls)] = search_nvls(in.nvlink_gb_per_s, n);
+  // NVLS support, as across nodes: more than 2 GPUs (ncclNvlsInit counts the
+  // communicator's GPUs), an NVSwitch and compute capability >= 90.
+  if (in.nvls && cc >= 90 && n > 2) graphs_[static_cast<int>(NcclAlgorithm::kNvls)] = search_nvls(in.nvlink_gb_per_s, n);
   graphs_[static_cast<int>(NcclAlgorithm::kNvlsTree)] = graphs_[static_cast<int>(NcclAlgorithm::kNvls)];
 
   for (CollectiveOp op : {CollectiveOp::kBroadcast, CollectiveOp::kReduce, CollectiveOp::kAllGather,
