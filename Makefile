@@ -66,7 +66,11 @@ bench: system-deps $(STAMP)
 # Python itself is not sanitized: the runtimes are preloaded, and leak
 # detection is off because CPython keeps objects alive until exit by design.
 # Every report is fatal (ASan's by default, UBSan's by halt_on_error), so a
-# report anywhere, in pytest or a process a test starts, fails the run.
+# report anywhere, in pytest or a process a test starts, fails the run. Every
+# test function runs; of a slow one parametrized several ways (the same
+# end-to-end run on other configs), only its first slow case
+# (--first-case-of-slow, python_tests/conftest.py), so that both halves of CI
+# fit its 90 minutes on two cores.
 ASAN_BUILD_DIR ?= build/asan
 SANITIZE_TESTS ?= python_tests
 ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
@@ -82,7 +86,7 @@ sanitize: system-deps
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake PYTHONPATH=$(abspath $(ASAN_BUILD_DIR))/pkg \
-		$(PYTHON) -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS)
+		$(PYTHON) -m pytest -q -p no:cacheprovider --first-case-of-slow $(SANITIZE_TESTS)
 
 clean:
 	rm -rf build zion_emu/_C*.so zion_emu/libzion_emu.so
