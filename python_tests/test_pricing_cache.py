@@ -72,6 +72,31 @@ def test_strides_do_not_enter_the_price():
     assert busy_s(lambda: b + 1) == approx(expected, rel=1e-9)
 
 
+def sparse_desc(values_sizes: list, sparse_dim: int) -> "sim.TensorDesc":
+    desc = sim.TensorDesc(values_sizes, "fp32")
+    desc.sparse_index_elements = sparse_dim * values_sizes[0]
+    return desc
+
+
+def test_sparse_calls_are_each_charged_their_own_price():
+    # A sparse tensor is priced by its values' sizes and its number of
+    # indices: the first two here have the same values ([6, 4]) and 6 or 12
+    # indices, the third more values, the fourth is dense with the values'
+    # sizes. Each call, in turn and again, costs what a fresh model prices it.
+    def sparse(size, sparse_dim, nnz):
+        indices = torch.stack([torch.arange(nnz) % size[d] for d in range(sparse_dim)])
+        return torch.sparse_coo_tensor(indices, torch.ones(nnz, *size[sparse_dim:]), size).to(f"zion:{DEVICE}")
+
+    cases = [(sparse([10, 4], 1, 6), sparse_desc([6, 4], 1)), (sparse([5, 5, 4], 2, 6), sparse_desc([6, 4], 2)),
+             (sparse([10, 4], 1, 9), sparse_desc([9, 4], 1)),
+             (torch.ones(6, 4, device=f"zion:{DEVICE}"), sim.TensorDesc([6, 4], "fp32"))]
+    prices = [fresh_price("aten::mul.Tensor", [desc], [desc]) for _, desc in cases]
+    assert len(set(prices)) == len(prices)  # each case is told apart by its price
+    for _ in range(3):
+        for (x, desc), expected in zip(cases, prices):
+            assert busy_s(lambda: x * 2) == approx(expected, rel=1e-9), desc.sizes
+
+
 def training_step(width: int) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))

@@ -1,6 +1,8 @@
 #include "device/aten/op_pricing.h"
 
 #include <ATen/Context.h>
+#include <ATen/SparseTensorImpl.h>
+#include <ATen/native/SparseTensorUtils.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -26,9 +28,9 @@ void describe(c10::ArrayRef<at::Tensor> tensors, std::vector<sim::TensorDesc>& o
     if (!t.defined()) continue;
     sim::TensorDesc& d = out[i++];
     if (t.is_sparse()) {  // described by what it stores (sim::TensorDesc)
-      const at::Tensor values = t._values();
-      d.sizes.assign(values.sizes().begin(), values.sizes().end());
-      d.sparse_index_elements = t._indices().numel();
+      const at::SparseTensorImpl* sparse = at::sparse::get_sparse_impl(t);
+      d.sizes.assign(sparse->values().sizes().begin(), sparse->values().sizes().end());
+      d.sparse_index_elements = sparse->indices().numel();
     } else {
       d.sizes.assign(t.sizes().begin(), t.sizes().end());
       d.sparse_index_elements = -1;
@@ -43,20 +45,17 @@ void describe(c10::ArrayRef<at::Tensor> tensors, std::vector<sim::TensorDesc>& o
 // built-in formula reads nothing else of the call but the operator's name
 // (sim::OpCostModel::Formula), and strides, offsets and values never reach
 // it; so two calls of one operator with equal shapes, priced by the same
-// model under the same precision settings, cost the same. Sparse tensors
-// (described by their values and indices) are not kept.
+// model under the same precision settings, cost the same. A sparse tensor
+// stands for what describe() gives of it: its values' scalar type and sizes
+// and the number of its indices.
 class PricedShapes {
  public:
-  // Remembers the call's shapes; false, and nothing remembered, if a tensor is sparse.
-  bool remember(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
+  void remember(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
                 c10::ArrayRef<int64_t> int_args) {
     words_.clear();
-    if (!append(inputs) || !append(outputs)) {
-      words_.clear();
-      return false;
-    }
+    append(inputs);
+    append(outputs);
     words_.insert(words_.end(), int_args.begin(), int_args.end());
-    return true;
   }
   void forget() { words_.clear(); }
 
@@ -69,32 +68,56 @@ class PricedShapes {
   }
 
  private:
-  // Per defined tensor: its scalar type, its dim, its sizes; kEndOfList after each list.
+  // Per defined dense tensor: its scalar type, its dim, its sizes. Per sparse
+  // one: kSparse, then its values' scalar type, dim and sizes, then the number
+  // of its indices. kEndOfList after each list.
   static constexpr int64_t kEndOfList = -1;
+  static constexpr int64_t kSparse = -2;
 
-  bool append(c10::ArrayRef<at::Tensor> tensors) {
+  // The sizes that describe() gives `t`, and for a sparse tensor the number of its indices (else -1).
+  static c10::IntArrayRef described_sizes(const at::Tensor& t, int64_t& index_elements) {
+    if (!t.is_sparse()) {
+      index_elements = -1;
+      return t.sizes();
+    }
+    const at::SparseTensorImpl* sparse = at::sparse::get_sparse_impl(t);
+    index_elements = sparse->indices().numel();
+    return sparse->values().sizes();
+  }
+
+  void append(c10::ArrayRef<at::Tensor> tensors) {
     for (const at::Tensor& t : tensors) {
       if (!t.defined()) continue;
-      if (t.is_sparse()) return false;
+      int64_t index_elements = -1;
+      const c10::IntArrayRef sizes = described_sizes(t, index_elements);
+      if (index_elements >= 0) words_.push_back(kSparse);
       words_.push_back(static_cast<int64_t>(t.scalar_type()));
-      words_.push_back(t.dim());
-      words_.insert(words_.end(), t.sizes().begin(), t.sizes().end());
+      words_.push_back(static_cast<int64_t>(sizes.size()));
+      words_.insert(words_.end(), sizes.begin(), sizes.end());
+      if (index_elements >= 0) words_.push_back(index_elements);
     }
     words_.push_back(kEndOfList);
-    return true;
   }
 
   bool same(c10::ArrayRef<at::Tensor> tensors, size_t& at) const {
     for (const at::Tensor& t : tensors) {
       if (!t.defined()) continue;
-      if (t.is_sparse()) return false;
-      const c10::IntArrayRef sizes = t.sizes();
+      int64_t index_elements = -1;
+      const c10::IntArrayRef sizes = described_sizes(t, index_elements);
+      if (index_elements >= 0) {
+        if (at >= words_.size() || words_[at] != kSparse) return false;
+        ++at;
+      }
       if (words_.size() - at < 2 + sizes.size() || words_[at] != static_cast<int64_t>(t.scalar_type()) ||
           words_[at + 1] != static_cast<int64_t>(sizes.size()) ||
           !std::equal(sizes.begin(), sizes.end(), words_.begin() + static_cast<std::ptrdiff_t>(at + 2))) {
         return false;
       }
       at += 2 + sizes.size();
+      if (index_elements >= 0) {
+        if (at >= words_.size() || words_[at] != index_elements) return false;
+        ++at;
+      }
     }
     return at < words_.size() && words_[at++] == kEndOfList;
   }
@@ -330,7 +353,8 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::Arra
     charged = &slot.price;
     // A registered formula may read anything (a Python function): priced afresh on every call.
     const bool builtin = !p.formula || p.formula->builtin;
-    if (builtin && slot.shapes.remember(inputs, outputs, int_args)) {
+    if (builtin) {
+      slot.shapes.remember(inputs, outputs, int_args);
       p.last_found = p.next;
       p.next = (p.next + 1) % kRememberedPrices;
     } else {
