@@ -1,9 +1,10 @@
-"""Each thread remembers the last few prices of each operator (op_pricing.cpp,
-kRememberedPrices = 8): a call with the same dtypes, sizes and int_args,
-under the same platform, formula table and precision settings, is charged
-that price again. These
-tests hold it to what a fresh cost model prices each call at, through
-changes of shape, dtype, platform, precision and registered formulas."""
+"""Each thread remembers the prices of each operator by the shapes they stand
+for (op_pricing.cpp, up to kRememberedPrices = 1024 per operator): a call
+with the same dtypes, sizes and int_args, under the same platform, formula
+table and precision settings, is charged that price again. These tests hold
+it to what a fresh cost model prices each call at, through changes of shape,
+dtype, platform, precision and registered formulas, and count the formula
+runs (`_C.device.formula_runs()`) to show that a price is remembered."""
 
 from __future__ import annotations
 
@@ -49,16 +50,35 @@ def test_each_call_of_add_is_charged_its_own_shape_and_dtype(repeat: int):
             assert t == approx(fresh_price("aten::add.Tensor", [desc], [desc]), rel=1e-9), (sizes, name)
 
 
-@pytest.mark.parametrize("shapes", [3, 8, 11])
+@pytest.mark.parametrize("shapes", [3, 11, 40])
 def test_shapes_in_turn_are_each_charged_their_own_price(shapes: int):
-    # A layer-by-layer step calls one operator on several shapes in turn: up
-    # to 8 are remembered at once, 11 make each new one replace the oldest.
+    # A layer-by-layer step calls one operator on many shapes in turn, the
+    # same ones every step: each is priced once, and charged its own price
+    # on every later call.
     sizes = [[256 * (k + 1)] for k in range(shapes)]
     tensors = [torch.ones(s, device=f"zion:{DEVICE}") for s in sizes]
+    expected = [fresh_price("aten::add.Tensor", [sim.TensorDesc(s, "fp32")], [sim.TensorDesc(s, "fp32")])
+                for s in sizes]
+    for x in tensors:  # the first round prices them
+        x + 1
+    runs = _C.device.formula_runs()
     for _ in range(3):
-        for s, x in zip(sizes, tensors):
-            desc = sim.TensorDesc(s, "fp32")
-            assert busy_s(lambda: x + 1) == approx(fresh_price("aten::add.Tensor", [desc], [desc]), rel=1e-9), s
+        for s, x, price in zip(sizes, tensors, expected):
+            assert busy_s(lambda: x + 1) == approx(price, rel=1e-9), s
+    assert _C.device.formula_runs() == runs  # every price was remembered
+
+
+def test_past_1024_shapes_an_operator_starts_afresh_and_prices_stay_right():
+    # More shapes than an operator keeps (a script making new shapes all the
+    # time): the table is emptied and refilled; every call still costs its own price.
+    sizes = [[k + 1] for k in range(1100)]
+    tensors = [torch.ones(s, device=f"zion:{DEVICE}") for s in sizes]
+    model = sim.OpCostModel(_C.device.compute_unit())
+    expected = [model.cost(sim.OpCall("aten::neg", [sim.TensorDesc(s, "fp32")], [sim.TensorDesc(s, "fp32")])).device_time
+                for s in sizes]
+    for _ in range(2):
+        for s, x, price in zip(sizes, tensors, expected):
+            assert busy_s(lambda: torch.neg(x)) == approx(price, rel=1e-9), s
 
 
 def test_strides_do_not_enter_the_price():
@@ -92,9 +112,12 @@ def test_sparse_calls_are_each_charged_their_own_price():
              (torch.ones(6, 4, device=f"zion:{DEVICE}"), sim.TensorDesc([6, 4], "fp32"))]
     prices = [fresh_price("aten::mul.Tensor", [desc], [desc]) for _, desc in cases]
     assert len(set(prices)) == len(prices)  # each case is told apart by its price
-    for _ in range(3):
+    for round_ in range(3):
         for (x, desc), expected in zip(cases, prices):
             assert busy_s(lambda: x * 2) == approx(expected, rel=1e-9), desc.sizes
+        if round_ == 0:
+            runs = _C.device.formula_runs()
+    assert _C.device.formula_runs() == runs  # after the first round, every price was remembered
 
 
 def training_step(width: int) -> None:

@@ -99,6 +99,9 @@ void bind_device(py::module_& m) {
   d.def("set_platform", [](const sim::Platform& p) { device::set_platform(p); }, py::arg("platform"),
         "Sets the platform; only before the first zion tensor");
   d.def("priced_ops", &device::priced_ops, "Ops priced so far by this process (all threads and devices)");
+  d.def("formula_runs", &device::formula_runs,
+        "Of the ops priced so far, those whose price a formula worked out (the others were charged a price "
+        "remembered for the same operator and shapes)");
   d.def("mode", [] { return device::timing_only() ? "timing" : "real"; },
         "'timing' (timing-only: float zion tensors have no host bytes) or 'real'; ZION_MODE, read once");
   device::set_call_site_reader(&python_call_site);

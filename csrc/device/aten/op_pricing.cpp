@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <mutex>
 #include <optional>
@@ -47,85 +46,62 @@ void describe(c10::ArrayRef<at::Tensor> tensors, std::vector<sim::TensorDesc>& o
 // it; so two calls of one operator with equal shapes, priced by the same
 // model under the same precision settings, cost the same. A sparse tensor
 // stands for what describe() gives of it: its values' scalar type and sizes
-// and the number of its indices.
-class PricedShapes {
+// and the number of its indices. The shapes of a call, written as words, are
+// the key of its remembered price.
+class ShapeWords {
  public:
-  void remember(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
-                c10::ArrayRef<int64_t> int_args) {
-    words_.clear();
-    append(inputs);
-    append(outputs);
-    words_.insert(words_.end(), int_args.begin(), int_args.end());
+  // Writes the call's words into `out` (its capacity reused).
+  static void of(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<int64_t> int_args,
+                 std::vector<int64_t>& out) {
+    out.clear();
+    append(inputs, out);
+    append(outputs, out);
+    out.insert(out.end(), int_args.begin(), int_args.end());
   }
-  void forget() { words_.clear(); }
 
-  bool same(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
-            c10::ArrayRef<int64_t> int_args) const {
-    if (words_.empty()) return false;
-    size_t at = 0;
-    return same(inputs, at) && same(outputs, at) && words_.size() - at == int_args.size() &&
-           std::equal(int_args.begin(), int_args.end(), words_.begin() + static_cast<std::ptrdiff_t>(at));
-  }
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& words) const {
+      uint64_t h = 14695981039346656037ull;  // FNV-1a over the words
+      for (int64_t w : words) {
+        h ^= static_cast<uint64_t>(w);
+        h *= 1099511628211ull;
+      }
+      return static_cast<size_t>(h);
+    }
+  };
 
  private:
   // Per defined dense tensor: its scalar type, its dim, its sizes. Per sparse
   // one: kSparse, then its values' scalar type, dim and sizes, then the number
-  // of its indices. kEndOfList after each list.
+  // of its indices. kEndOfList after each list, so the int_args that follow
+  // cannot be read as sizes.
   static constexpr int64_t kEndOfList = -1;
   static constexpr int64_t kSparse = -2;
 
-  // The sizes that describe() gives `t`, and for a sparse tensor the number of its indices (else -1).
-  static c10::IntArrayRef described_sizes(const at::Tensor& t, int64_t& index_elements) {
-    if (!t.is_sparse()) {
-      index_elements = -1;
-      return t.sizes();
-    }
-    const at::SparseTensorImpl* sparse = at::sparse::get_sparse_impl(t);
-    index_elements = sparse->indices().numel();
-    return sparse->values().sizes();
-  }
-
-  void append(c10::ArrayRef<at::Tensor> tensors) {
+  static void append(c10::ArrayRef<at::Tensor> tensors, std::vector<int64_t>& out) {
     for (const at::Tensor& t : tensors) {
       if (!t.defined()) continue;
-      int64_t index_elements = -1;
-      const c10::IntArrayRef sizes = described_sizes(t, index_elements);
-      if (index_elements >= 0) words_.push_back(kSparse);
-      words_.push_back(static_cast<int64_t>(t.scalar_type()));
-      words_.push_back(static_cast<int64_t>(sizes.size()));
-      words_.insert(words_.end(), sizes.begin(), sizes.end());
-      if (index_elements >= 0) words_.push_back(index_elements);
-    }
-    words_.push_back(kEndOfList);
-  }
-
-  bool same(c10::ArrayRef<at::Tensor> tensors, size_t& at) const {
-    for (const at::Tensor& t : tensors) {
-      if (!t.defined()) continue;
-      int64_t index_elements = -1;
-      const c10::IntArrayRef sizes = described_sizes(t, index_elements);
-      if (index_elements >= 0) {
-        if (at >= words_.size() || words_[at] != kSparse) return false;
-        ++at;
-      }
-      if (words_.size() - at < 2 + sizes.size() || words_[at] != static_cast<int64_t>(t.scalar_type()) ||
-          words_[at + 1] != static_cast<int64_t>(sizes.size()) ||
-          !std::equal(sizes.begin(), sizes.end(), words_.begin() + static_cast<std::ptrdiff_t>(at + 2))) {
-        return false;
-      }
-      at += 2 + sizes.size();
-      if (index_elements >= 0) {
-        if (at >= words_.size() || words_[at] != index_elements) return false;
-        ++at;
+      if (t.is_sparse()) {
+        const at::SparseTensorImpl* sparse = at::sparse::get_sparse_impl(t);
+        const c10::IntArrayRef sizes = sparse->values().sizes();
+        out.push_back(kSparse);
+        out.push_back(static_cast<int64_t>(t.scalar_type()));
+        out.push_back(static_cast<int64_t>(sizes.size()));
+        out.insert(out.end(), sizes.begin(), sizes.end());
+        out.push_back(sparse->indices().numel());
+      } else {
+        const c10::IntArrayRef sizes = t.sizes();
+        out.push_back(static_cast<int64_t>(t.scalar_type()));
+        out.push_back(static_cast<int64_t>(sizes.size()));
+        out.insert(out.end(), sizes.begin(), sizes.end());
       }
     }
-    return at < words_.size() && words_[at++] == kEndOfList;
+    out.push_back(kEndOfList);
   }
-
-  std::vector<int64_t> words_;
 };
 
 std::atomic<int64_t> g_priced_ops{0};
+std::atomic<int64_t> g_formula_runs{0};
 
 // The precisions the script allows float32 matmuls and convolutions, read as
 // CUDA reads them: torch.set_float32_matmul_precision("high") or
@@ -232,21 +208,17 @@ void launch(Runtime& rt, const Price& p, int label, c10::DeviceIndex device, con
   if (cost.guessed) rt.note_guessed(device, name);
 }
 
-// A price an operator's entry remembers, with the shapes it stands for.
-struct RememberedPrice {
-  PricedShapes shapes;
-  Price price;
-};
-
-// How many prices of one operator a thread remembers. A training step calls
-// one operator on several shapes (addmm once per layer, add_ once per
-// parameter, mm twice per layer in backward), so one price per operator
-// would be replaced on nearly every call; a few, searched in order from the
-// last one found, hold a step's shapes and cost little to search.
-constexpr size_t kRememberedPrices = 8;
+// How many prices of one operator a thread remembers before it starts
+// afresh. A training step calls one operator on many shapes (add_ once per
+// parameter, addmm once per layer, mm twice per layer in backward), in the
+// same order every step: every one of them is kept, looked up by its shapes.
+// The bound only keeps a script that makes new shapes all the time (a
+// growing sequence length) from growing the table without end.
+constexpr size_t kRememberedPrices = 1024;
 
 // One operator, as this thread prices it: its name and formula, looked up
-// once per model and formula table, and its last prices (see PricedShapes).
+// once per model and formula table, and its prices by the shapes they stand
+// for (see ShapeWords).
 struct PricedOp {
   std::string name;
   sim::OpCostModel::FormulaRef formula;
@@ -254,14 +226,7 @@ struct PricedOp {
   const sim::OpCostModel* model = nullptr;
   uint64_t generation = ~uint64_t{0};
   int label = -1;  // the operator's name on the timeline's spans
-  std::array<RememberedPrice, kRememberedPrices> remembered;
-  size_t last_found = 0;  // the entry that priced the last call
-  size_t next = 0;        // the entry the next new price replaces (oldest first)
-
-  void forget() {
-    for (RememberedPrice& r : remembered) r.shapes.forget();
-    last_found = next = 0;
-  }
+  std::unordered_map<std::vector<int64_t>, Price, ShapeWords::Hash> remembered;
 };
 
 // This thread's pricing state: no lock on the hot path.
@@ -272,7 +237,9 @@ struct ThreadPricing {
   // are as it grows): an op called again skips the lookup.
   const void* last_key = nullptr;
   PricedOp* last_op = nullptr;
-  sim::OpCall call;  // reused, so steady state allocates nothing
+  sim::OpCall call;            // reused, so steady state allocates nothing
+  std::vector<int64_t> words;  // the call's shapes, likewise
+  Price unremembered;          // the price of a call a registered formula priced
 
   PricedOp& op(const void* key) {
     if (key != last_key) {
@@ -288,28 +255,17 @@ ThreadPricing& thread_pricing() {
   return state;
 }
 
-// The remembered price of `op` that stands for this call, or null.
-const Price* remembered_price(PricedOp& op, c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs,
-                              c10::ArrayRef<int64_t> int_args) {
-  std::optional<Fp32Precision> precision;  // read once, where a price depends on it
-  for (size_t k = 0; k < kRememberedPrices; ++k) {
-    const size_t i = (op.last_found + k) % kRememberedPrices;
-    const RememberedPrice& r = op.remembered[i];
-    if (!r.shapes.same(inputs, outputs, int_args)) continue;
-    // The settings may have changed since: read them again where they price the op.
-    if (priced_by_precision(r.price.cost.work.op_class)) {
-      if (!precision) precision = read_fp32_precision();
-      if (!(*precision == r.price.precision)) continue;
-    }
-    op.last_found = i;
-    return &r.price;
-  }
-  return nullptr;
+// A remembered price stands for the call if the settings it was priced under
+// still hold: they are read again for the ops they price.
+bool still_holds(const Price& p) {
+  return !priced_by_precision(p.cost.work.op_class) || read_fp32_precision() == p.precision;
 }
 
 }  // namespace
 
 int64_t priced_ops() { return g_priced_ops.load(std::memory_order_relaxed); }
+
+int64_t formula_runs() { return g_formula_runs.load(std::memory_order_relaxed); }
 
 std::optional<Fp32MatmulPricing> last_fp32_matmul_pricing() {
   const uint64_t v = last_fp32_matmul.load(std::memory_order_relaxed);
@@ -339,26 +295,34 @@ void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::Arra
     p.generation = generation;
     p.model = rt.cost.get();
     p.label = rt.timeline.label(p.name);
-    p.forget();
+    p.remembered.clear();
   }
-  const Price* charged = remembered_price(p, inputs, outputs, int_args);
+  // A registered formula may read anything (a Python function): priced afresh on every call.
+  const bool builtin = !p.formula || p.formula->builtin;
+  const Price* charged = nullptr;
+  auto it = p.remembered.end();
+  if (builtin) {
+    ShapeWords::of(inputs, outputs, int_args, state.words);
+    it = p.remembered.find(state.words);
+    if (it != p.remembered.end() && still_holds(it->second)) charged = &it->second;
+  }
   if (!charged) {
     sim::OpCall& call = state.call;
     call.name = p.name;
     call.int_args.assign(int_args.begin(), int_args.end());
     describe(inputs, call.inputs);
     describe(outputs, call.outputs);
-    RememberedPrice& slot = p.remembered[p.next];
-    slot.price = price(rt, call, p.formula);
-    charged = &slot.price;
-    // A registered formula may read anything (a Python function): priced afresh on every call.
-    const bool builtin = !p.formula || p.formula->builtin;
-    if (builtin) {
-      slot.shapes.remember(inputs, outputs, int_args);
-      p.last_found = p.next;
-      p.next = (p.next + 1) % kRememberedPrices;
+    Price priced = price(rt, call, p.formula);  // remembered only once priced: a formula's error leaves nothing behind
+    g_formula_runs.fetch_add(1, std::memory_order_relaxed);
+    if (!builtin) {
+      state.unremembered = std::move(priced);
+      charged = &state.unremembered;
+    } else if (it != p.remembered.end()) {
+      it->second = std::move(priced);  // the precision settings changed since
+      charged = &it->second;
     } else {
-      slot.shapes.forget();
+      if (p.remembered.size() >= kRememberedPrices) p.remembered.clear();
+      charged = &p.remembered.emplace(state.words, std::move(priced)).first->second;
     }
   }
   launch(rt, *charged, p.label, device, p.name);
@@ -373,7 +337,9 @@ void charge_op(const std::string& op_name, c10::DeviceIndex device, c10::ArrayRe
   call.int_args.clear();
   describe(inputs, call.inputs);
   describe(outputs, call.outputs);
-  launch(rt, price(rt, call, rt.cost->resolve(op_name)), rt.timeline.label(op_name), device, op_name);
+  const Price priced = price(rt, call, rt.cost->resolve(op_name));
+  g_formula_runs.fetch_add(1, std::memory_order_relaxed);
+  launch(rt, priced, rt.timeline.label(op_name), device, op_name);
 }
 
 void charge_kernel(c10::DeviceIndex device, const std::string& label, double flops, double bytes,

@@ -20,17 +20,20 @@ namespace zion::device {
 // documents them per formula, e.g. `transposed` of a convolution). The
 // operator's name and formula are looked up once per operator and cached;
 // the call itself allocates nothing in steady state. Each thread remembers
-// the last 8 prices of each operator (a step calls one operator on several
-// shapes, one per layer or parameter): a call with the same dtypes, sizes and
-// int_args, under the same platform, formula table and (for matmul-class
-// ops and convolutions) precision settings, is charged that price without
-// running the formula again. A registered formula runs on every call.
+// the prices of each operator by the shapes they stand for (a step calls one
+// operator on many shapes, one per layer or parameter, up to 1024 kept): a
+// call with the same dtypes, sizes and int_args, under the same platform,
+// formula table and (for matmul-class ops and convolutions) precision
+// settings, is charged that price without running the formula again. A
+// registered formula runs on every call.
 void charge_op(const c10::OperatorHandle& op, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
                c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<int64_t> int_args = {});
 void charge_op(const std::string& op_name, c10::DeviceIndex device, c10::ArrayRef<at::Tensor> inputs,
                c10::ArrayRef<at::Tensor> outputs);
 // Ops priced so far by this process (all threads and devices).
 int64_t priced_ops();
+// Of those, the ones whose price was worked out by a formula, not remembered.
+int64_t formula_runs();
 
 // Charges one kernel that torch.compile generated (a fused loop nest that
 // runs as one C++ function on the tensors' host memory): the roofline prices
