@@ -50,13 +50,13 @@ void describe(c10::ArrayRef<at::Tensor> tensors, std::vector<sim::TensorDesc>& o
 // the key of its remembered price.
 class ShapeWords {
  public:
-  // Writes the call's words into `out` (its capacity reused).
+  // Writes the call's words into `out`, sized once (its capacity reused).
   static void of(c10::ArrayRef<at::Tensor> inputs, c10::ArrayRef<at::Tensor> outputs, c10::ArrayRef<int64_t> int_args,
                  std::vector<int64_t>& out) {
-    out.clear();
-    append(inputs, out);
-    append(outputs, out);
-    out.insert(out.end(), int_args.begin(), int_args.end());
+    out.resize(count(inputs) + count(outputs) + int_args.size());
+    int64_t* w = write(inputs, out.data());
+    w = write(outputs, w);
+    std::copy(int_args.begin(), int_args.end(), w);
   }
 
   struct Hash {
@@ -78,25 +78,29 @@ class ShapeWords {
   static constexpr int64_t kEndOfList = -1;
   static constexpr int64_t kSparse = -2;
 
-  static void append(c10::ArrayRef<at::Tensor> tensors, std::vector<int64_t>& out) {
+  static size_t count(c10::ArrayRef<at::Tensor> tensors) {
+    size_t n = 1;  // kEndOfList
     for (const at::Tensor& t : tensors) {
       if (!t.defined()) continue;
-      if (t.is_sparse()) {
-        const at::SparseTensorImpl* sparse = at::sparse::get_sparse_impl(t);
-        const c10::IntArrayRef sizes = sparse->values().sizes();
-        out.push_back(kSparse);
-        out.push_back(static_cast<int64_t>(t.scalar_type()));
-        out.push_back(static_cast<int64_t>(sizes.size()));
-        out.insert(out.end(), sizes.begin(), sizes.end());
-        out.push_back(sparse->indices().numel());
-      } else {
-        const c10::IntArrayRef sizes = t.sizes();
-        out.push_back(static_cast<int64_t>(t.scalar_type()));
-        out.push_back(static_cast<int64_t>(sizes.size()));
-        out.insert(out.end(), sizes.begin(), sizes.end());
-      }
+      n += t.is_sparse() ? 4 + static_cast<size_t>(at::sparse::get_sparse_impl(t)->values().dim())
+                         : 2 + static_cast<size_t>(t.dim());
     }
-    out.push_back(kEndOfList);
+    return n;
+  }
+
+  static int64_t* write(c10::ArrayRef<at::Tensor> tensors, int64_t* w) {
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined()) continue;
+      const at::SparseTensorImpl* sparse = t.is_sparse() ? at::sparse::get_sparse_impl(t) : nullptr;
+      const c10::IntArrayRef sizes = sparse ? sparse->values().sizes() : t.sizes();
+      if (sparse) *w++ = kSparse;
+      *w++ = static_cast<int64_t>(t.scalar_type());
+      *w++ = static_cast<int64_t>(sizes.size());
+      w = std::copy(sizes.begin(), sizes.end(), w);
+      if (sparse) *w++ = sparse->indices().numel();
+    }
+    *w++ = kEndOfList;
+    return w;
   }
 };
 
