@@ -51,13 +51,16 @@ void HbmSeries::coarsen() {
   while (bins.size() > kMaxBins / 2) {
     bin_s *= 2;
     size_t kept = 0;
+    double kept_bin = std::floor(bins[0].time_s / bin_s);  // the wider bin bins[kept] falls into
     for (size_t i = 1; i < bins.size(); ++i) {
-      HbmBin& into = bins[kept];
-      if (std::floor(into.time_s / bin_s) == std::floor(bins[i].time_s / bin_s)) {
+      const double bin = std::floor(bins[i].time_s / bin_s);
+      if (bin == kept_bin) {
+        HbmBin& into = bins[kept];
         into.max_bytes = std::max(into.max_bytes, bins[i].max_bytes);
         into.end_bytes = bins[i].end_bytes;
       } else {
         bins[++kept] = bins[i];
+        kept_bin = bin;
       }
     }
     bins.resize(kept + 1);
