@@ -82,10 +82,10 @@ sanitize: system-deps
 		-DZION_EXTENSION_DIR=$(abspath $(ASAN_PKG)) -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
 	cmake --build $(ASAN_BUILD_DIR)/cmake --target _C
 	cp $(ASAN_BUILD_DIR)/cmake/libzion_emu.so $(ASAN_PKG)/
-	for f in zion_emu/*; do case $$f in *.so|*/__pycache__) ;; *) ln -sfn $(abspath .)/$$f $(ASAN_PKG)/;; esac; done
+	find $(ASAN_PKG) -type l -delete
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake PYTHONPATH=$(abspath $(ASAN_BUILD_DIR))/pkg \
+		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake ZION_EMU_NATIVE_DIR=$(abspath $(ASAN_PKG)) \
 		$(PYTHON) -m pytest -q -p no:cacheprovider --first-case-of-slow $(SANITIZE_TESTS)
 
 clean:

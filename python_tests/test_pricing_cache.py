@@ -159,6 +159,8 @@ out = {}
 d = sim.TensorDesc([4096], "fp32")
 x = torch.ones(4096, device="zion")
 out["builtin"] = [[busy(lambda: x + 1), fresh("aten::add.Tensor", [d], [d])] for _ in range(2)]
+# neg, priced here on this platform, is called again on the same shapes on the next one (below).
+out["neg"] = [[busy(lambda: torch.neg(x)), fresh("aten::neg", [d], [d])]]
 
 # A registered formula runs on every call: it may read anything (here a Python variable).
 scale = [1]
@@ -176,6 +178,8 @@ x = torch.ones(4096, device="zion")
 scale[0] = 5
 const = {"flops": 0, "bytes": 5e6, "op_class": "elementwise"}
 out["new_platform"] = [busy(lambda: x + 1), fresh("aten::add.Tensor", [d], [d], const)]
+# The same shapes as neg's last call, which a remembered price of the old platform's model stood for.
+out["neg"].append([busy(lambda: torch.neg(x)), fresh("aten::neg", [d], [d])])
 
 # The precision settings price fp32 matmuls: the same shapes, priced afresh when they change.
 a, b = torch.ones(1024, 1024, device="zion"), torch.ones(1024, 1024, device="zion")
@@ -193,7 +197,7 @@ print(json.dumps(out))
 
 def test_a_remembered_price_gives_way_to_formulas_platforms_and_precision():
     out = json.loads(run_python(_SCRIPT).stdout.splitlines()[-1])
-    for key in ("builtin", "registered", "mm"):
+    for key in ("builtin", "registered", "mm", "neg"):
         for charged, expected in out[key]:
             assert charged == approx(expected, rel=1e-9), key
     charged, expected = out["new_platform"]
@@ -201,5 +205,6 @@ def test_a_remembered_price_gives_way_to_formulas_platforms_and_precision():
     # The registered formula's prices follow its variable: 1, 2, 3 MB; and fp32, tf32, bf16, fp32 differ.
     registered = [c for c, _ in out["registered"]]
     assert registered[1] == approx(2 * registered[0]) and registered[2] == approx(3 * registered[0])
+    assert out["neg"][0][0] != approx(out["neg"][1][0], rel=1e-3)  # the two platforms price neg apart
     mm = [c for c, _ in out["mm"]]
     assert mm[0] > mm[1] > mm[2] and mm[3] == approx(mm[0], rel=1e-9)

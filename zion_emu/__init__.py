@@ -23,6 +23,13 @@ import typing as _typing  # noqa: E402
 
 import torch  # noqa: E402,F401  (the native core links libtorch)
 
+# ZION_EMU_NATIVE_DIR names a folder holding another build of the native core
+# (`_C` and `libzion_emu.so`: make sanitize's AddressSanitizer build), searched
+# before this package's folder, so that build is the one loaded wherever this
+# source tree stands on sys.path, in the tests and in every process they start.
+if _os.environ.get("ZION_EMU_NATIVE_DIR"):
+    __path__.insert(0, _os.path.abspath(_os.environ["ZION_EMU_NATIVE_DIR"]))  # noqa: F821  (the package's own)
+
 from zion_emu.platform import (  # noqa: E402
     ConfigError,
     Platform,
