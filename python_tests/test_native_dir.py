@@ -42,3 +42,10 @@ def test_a_process_started_from_the_checkout_loads_the_named_build(tmp_path: Pat
     plain = run_python("from zion_emu import _C; print(_C.__file__)", env=child_env(ZION_EMU_NATIVE_DIR=None))
     plain = plain.stdout.splitlines()
     assert Path(plain[-1]).resolve().parent == (REPO / "zion_emu").resolve()
+
+
+def test_a_folder_without_a_native_core_is_an_error_naming_it(tmp_path: Path):
+    # Not a silent fall back to the package's own build.
+    out = run_python("import zion_emu", env=child_env(ZION_EMU_NATIVE_DIR=str(tmp_path / "none")), check=False)
+    assert out.returncode != 0
+    assert "ZION_EMU_NATIVE_DIR=" in out.stderr and "no native core there" in out.stderr and "none" in out.stderr

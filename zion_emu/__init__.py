@@ -28,7 +28,13 @@ import torch  # noqa: E402,F401  (the native core links libtorch)
 # before this package's folder, so that build is the one loaded wherever this
 # source tree stands on sys.path, in the tests and in every process they start.
 if _os.environ.get("ZION_EMU_NATIVE_DIR"):
-    __path__.insert(0, _os.path.abspath(_os.environ["ZION_EMU_NATIVE_DIR"]))  # noqa: F821  (the package's own)
+    _native_dir = _os.path.abspath(_os.environ["ZION_EMU_NATIVE_DIR"])
+    _names = _os.listdir(_native_dir) if _os.path.isdir(_native_dir) else []
+    if not any(n.startswith("_C.") and n.endswith(".so") for n in _names):
+        raise ImportError(f"ZION_EMU_NATIVE_DIR={_os.environ['ZION_EMU_NATIVE_DIR']}: no native core there (a _C.*.so "
+                          "beside its libzion_emu.so, as make sanitize builds into build/asan/pkg/zion_emu); "
+                          "unset it to load this package's own build")
+    __path__.insert(0, _native_dir)  # noqa: F821  (the package's own)
 
 from zion_emu.platform import (  # noqa: E402
     ConfigError,
