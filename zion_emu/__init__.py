@@ -23,18 +23,26 @@ import typing as _typing  # noqa: E402
 
 import torch  # noqa: E402,F401  (the native core links libtorch)
 
-# ZION_EMU_NATIVE_DIR names a folder holding another build of the native core
-# (`_C` and `libzion_emu.so`: make sanitize's AddressSanitizer build), searched
-# before this package's folder, so that build is the one loaded wherever this
-# source tree stands on sys.path, in the tests and in every process they start.
-if _os.environ.get("ZION_EMU_NATIVE_DIR"):
-    _native_dir = _os.path.abspath(_os.environ["ZION_EMU_NATIVE_DIR"])
-    _names = _os.listdir(_native_dir) if _os.path.isdir(_native_dir) else []
-    if not any(n.startswith("_C.") and n.endswith(".so") for n in _names):
-        raise ImportError(f"ZION_EMU_NATIVE_DIR={_os.environ['ZION_EMU_NATIVE_DIR']}: no native core there (a _C.*.so "
-                          "beside its libzion_emu.so, as make sanitize builds into build/asan/pkg/zion_emu); "
+
+def _native_core_first() -> None:
+    """ZION_EMU_NATIVE_DIR names a folder holding another build of the native
+    core (`_C` and `libzion_emu.so`: make sanitize's AddressSanitizer build),
+    searched before this package's folder, so that build is the one loaded
+    wherever this source tree stands on sys.path, in the tests and in every
+    process they start."""
+    named = _os.environ.get("ZION_EMU_NATIVE_DIR")
+    if not named:
+        return
+    folder = _os.path.abspath(named)
+    names = _os.listdir(folder) if _os.path.isdir(folder) else []
+    if not any(n.startswith("_C.") and n.endswith(".so") for n in names):
+        raise ImportError(f"ZION_EMU_NATIVE_DIR={named}: no native core there (a _C.*.so beside its "
+                          "libzion_emu.so, as make sanitize builds into build/asan/pkg/zion_emu); "
                           "unset it to load this package's own build")
-    __path__.insert(0, _native_dir)  # noqa: F821  (the package's own)
+    __path__.insert(0, folder)  # noqa: F821  (the package's own)
+
+
+_native_core_first()
 
 from zion_emu.platform import (  # noqa: E402
     ConfigError,
