@@ -17,12 +17,14 @@ iteration prints one line::
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before the group exists; see the end of main)
 import torch.nn as nn
 
 
@@ -168,6 +170,13 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"iter={it} loss={value!r} time_ms={elapsed * 1e3:.4f}", flush=True)
     if world > 1:
+        # The group's backend is freed, and gloo's worker threads joined, only
+        # once nothing holds it: the DDP modules do (hence their deletion) and
+        # torch.distributed.nn's default arguments would, had it been imported
+        # after the group was made (hence the import above). A gloo worker left
+        # at interpreter teardown can abort the process as it drops a tensor.
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 

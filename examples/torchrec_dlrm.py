@@ -17,6 +17,7 @@ by the default guess, and its pooled-embedding all-to-alls.
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import math
 import os
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  (before the group exists: see main)
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "zion": "zion"}
 
@@ -94,6 +96,21 @@ def _largest_message(call: dict[str, Any], rank: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    dist.init_process_group(BACKENDS[args.device])
+    code = train(args)
+    # The groups' backends are freed, and gloo's worker threads joined, once
+    # nothing holds them: train's model and optimizers are gone with its frame
+    # (a collection drops their cycles), and torch.distributed.nn, imported
+    # before the group was made, holds none in its functions' default
+    # arguments. A gloo worker left at interpreter
+    # teardown can abort the process as it drops a tensor.
+    gc.collect()
+    dist.destroy_process_group()
+    return code
+
+
+def train(args: argparse.Namespace) -> int:
+    """Builds the sharded DLRM on the initialized process group, trains it and prints (rank 0) what it measured."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.datasets.utils import Batch
@@ -102,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.optim.keyed import KeyedOptimizerWrapper
 
-    dist.init_process_group(BACKENDS[args.device])
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if args.device == "cuda":
@@ -184,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"pooled_all_to_all largest_message_bytes {r['largest_message_bytes']} time_s {r['time']!r} "
                       f"algorithm {r['algorithm']}")
         print(f"wall_ms_per_iter {wall_s / timed * 1e3:.1f}", flush=True)
-    dist.destroy_process_group()
     return 0
 
 

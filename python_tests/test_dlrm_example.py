@@ -209,3 +209,39 @@ def test_ranks_that_own_no_tables_still_take_part_in_the_exchange():
     assert "ranks 3 tables 2 (per rank 1-1-0)" in gloo
     zion = _torchrun(3, *TINY, *two_tables, "--device", "zion")
     assert _losses(zion) == _losses(gloo) and len(_losses(gloo)) == 2
+
+
+_THREADS_AFTER_MAIN = """
+import os, runpy, sys
+out, sys.argv = sys.argv[1], sys.argv[2:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    with open(os.path.join(out, "threads." + os.environ["RANK"]), "w") as f:
+        f.write(",".join(names))
+"""
+
+_TEARDOWN_CASES = {
+    "dlrm-cpu": ["dlrm/dlrm.py", *TINY, "--num-batches", "2", "--device", "cpu"],
+    "dlrm-zion": ["dlrm/dlrm.py", *TINY, "--num-batches", "2", "--device", "zion"],
+    "cuda-style-cpu": ["cuda_dlrm_reference_style.py", "--num-batches", "2", "--mini-batch-size", "16"],
+    "torchrec-cpu": ["torchrec_dlrm.py", "--device", "cpu"],
+}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("case", list(_TEARDOWN_CASES))
+def test_gloos_worker_threads_are_joined_before_the_interpreter_exits(tmp_path, case):
+    # A gloo worker still alive at interpreter teardown may drop the last
+    # reference to a collective's tensor there and abort the rank ("terminate
+    # called without an active exception", now and then, under load). So each
+    # example frees its model and destroys the group, whose backend joins them.
+    script = tmp_path / "threads_after_main.py"
+    script.write_text(_THREADS_AFTER_MAIN)
+    example, *argv = _TEARDOWN_CASES[case]
+    run(torchrun(2, str(script), str(tmp_path), str(EXAMPLE.parent / example), *argv),
+        timeout_s=TORCHRUN_TIMEOUT_S, check=True, env=child_env(OMP_NUM_THREADS="1"))
+    for rank in range(2):
+        threads = (tmp_path / f"threads.{rank}").read_text().split(",")
+        assert "pt_gloo_runloop" not in threads and "gloo_tcp_loop" not in threads, (rank, threads)

@@ -31,6 +31,7 @@ a last ``summary`` line with the samples/s over the whole run.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -40,6 +41,10 @@ from typing import Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
+# Before any process group exists: this module's functions take the default
+# group as a default argument, and DDP imports it. Imported later, it holds
+# that group (and gloo's worker threads) until the interpreter is torn down.
+import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
 from torch import nn
 
@@ -544,9 +549,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(run, emit)
     except torch.OutOfMemoryError as e:
         return _out_of_memory(e, args, "training")
-    if run.world_size > 1:
-        dist.destroy_process_group()
+    world_size = run.world_size
+    del run
+    if world_size > 1:
+        close_process_group()
     return 0
+
+
+def close_process_group() -> None:
+    """Destroys the process group once nothing else holds it, so that its
+    backend is freed and gloo's worker threads are joined here. Left to the
+    interpreter's teardown, a worker that drops its last reference to a
+    finished collective's tensor then needs the GIL, which Python no longer
+    hands out, and the process aborts ("terminate called without an active
+    exception"). The caller drops the DDP model first."""
+    gc.collect()  # the model's reference cycles hold the group too
+    dist.destroy_process_group()
 
 
 def _out_of_memory(error: torch.OutOfMemoryError, args: argparse.Namespace, stage: str) -> int:
