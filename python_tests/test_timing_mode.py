@@ -170,6 +170,116 @@ def test_sparse_gradients_have_real_indices_and_storage_less_values():
     assert done.stdout.split("\n")[0] == "True [[5, 9]] True"
 
 
+FORWARD_CASES = """
+import json, torch, zion_emu
+dev = torch.device("zion:0")
+results = []
+def record(out):
+    results.append([{"shape": list(t.shape), "dtype": str(t.dtype), "nbytes": t.untyped_storage().nbytes(),
+                     "values": t.tolist() if not t.is_floating_point() else None} for t in out])
+def case(weight, idx, off, **kw):
+    try:
+        record(torch.ops.aten._embedding_bag(weight, idx.to(dev), off.to(dev), False, kw.get("mode", 0), False,
+                                             kw.get("psw"), kw.get("last", False), kw.get("padding", -1)))
+        record(torch.ops.aten._embedding_bag_forward_only(weight, idx.to(dev), off.to(dev), False, 0, False,
+                                                          kw.get("psw"), kw.get("last", False), -1))
+    except RuntimeError as e:
+        results.append(str(e).splitlines()[0])
+    results.append(torch.zion.memory_allocated(0))
+w = torch.empty(50, 8, device=dev)
+idx = torch.tensor([3, 7, 7, 1, 9, 2]); off = torch.tensor([0, 2, 2, 5])
+case(w, idx, off)
+case(w, idx, off, last=True)
+case(w, idx.int(), off.int())
+case(w, idx, off.int())  # mixed index dtypes: promoted
+case(w, idx, off, psw=torch.rand(6, device=dev))
+case(w, torch.tensor([], dtype=torch.long), torch.tensor([0, 0]))
+case(w.half(), idx, off)
+case(w.double(), idx, off)  # no fast path for double: offset2bag is made
+case(torch.empty(8, 50, device=dev).t(), idx, off)  # rows not contiguous: no fast path
+case(w, idx, off, mode=1)
+case(w, idx, off, padding=7)
+case(w, idx + 45, off)  # out of range
+case(w, idx, torch.tensor([1, 2, 2, 5]))  # offsets[0] != 0
+case(w, idx, torch.tensor([0, 2, 2, 9]), last=True)  # past the end
+torch.zion.synchronize()
+print(json.dumps({"results": results, "clock": zion_emu.clock(), "peak": torch.zion.max_memory_allocated(0),
+                  "priced": zion_emu._C.device.priced_ops()}))
+"""
+
+
+def test_embedding_bag_forward_equals_real_modes_in_every_case():
+    # Sum mode on the CPU kernel's fast path is answered without running the
+    # kernel on stand-ins; every case, that one or not, must give real mode's
+    # integer results, shapes, storage sizes, errors, memory and modeled time.
+    real = _last_json(_run(FORWARD_CASES, "real").stdout)
+    timing = _last_json(_run(FORWARD_CASES, "timing").stdout)
+    assert len(real["results"]) == 14 + 11 * 2 + 3
+    assert sum(isinstance(r, str) for r in real["results"]) == 3  # the three errors
+    for r, t in zip(real["results"], timing["results"]):
+        assert t == r
+    assert timing == real
+
+
+SPARSE_BACKWARD_CASES = """
+import json, torch, zion_emu
+dev = torch.device("zion:0")
+grad_of = {}
+results = []
+def case(mode, padding, dtype, lengths, weights=False, d=8, last=False):
+    torch.manual_seed(0)
+    n = sum(lengths)
+    idx = torch.randint(0, 20, (n,), dtype=dtype)
+    if padding >= 0 and n:
+        idx[::2] = padding  # every other lookup is the padding row
+    off = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)[:-1].tolist()) + ([n] if last else []), dtype=dtype)
+    w = torch.nn.Parameter(torch.randn(20, d, device=dev))
+    psw = torch.rand(n, device=dev) if weights else None
+    out = torch.nn.functional.embedding_bag(idx.to(dev), w, off.to(dev), mode=mode, sparse=True,
+                                            per_sample_weights=psw, include_last_offset=last,
+                                            padding_idx=padding if padding >= 0 else None)
+    out.sum().backward()
+    g = w.grad
+    results.append({"indices": g._indices().tolist(), "dtype": str(g._indices().dtype),
+                    "values": list(g._values().shape), "coalesced": g.is_coalesced(), "size": list(g.shape),
+                    "nnz": g._nnz()})
+for mode in ("sum", "mean"):
+    for padding in (-1, 3):
+        for dtype in (torch.int64, torch.int32):
+            for lengths in ([], [1], [0, 2], [3, 0, 4, 1], [2, 2, 2, 2, 2]):
+                case(mode, padding, dtype, lengths)
+case("sum", -1, torch.int64, [3, 1, 2], weights=True)
+case("sum", 3, torch.int64, [3, 1, 2], weights=True)
+case("sum", -1, torch.int64, [2, 3], d=0)
+case("mean", -1, torch.int64, [2, 3, 1], last=True)
+case("sum", 3, torch.int64, [1])  # the one lookup is the padding row: an empty gradient
+idx = torch.tensor([1, 2, 2], device=dev); off = torch.tensor([0, 1], device=dev)
+w = torch.nn.Parameter(torch.randn(20, 4, device=dev))
+try:
+    torch.nn.functional.embedding_bag(idx, w, off, sparse=True, scale_grad_by_freq=True).sum().backward()
+    results.append("no error")
+except RuntimeError as e:
+    results.append(str(e).splitlines()[0])
+torch.zion.synchronize()
+print(json.dumps({"results": results, "clock": zion_emu.clock(), "peak": torch.zion.max_memory_allocated(0),
+                  "now": torch.zion.memory_allocated(0), "priced": zion_emu._C.device.priced_ops()}))
+"""
+
+
+def test_sparse_embedding_gradients_equal_real_modes_in_every_case():
+    # Timing-only mode makes a sparse gradient's indices without running the
+    # kernel on stand-ins: its indices, their dtype, the values' shape, the
+    # coalesced flag, the modeled time and the memory must be real mode's.
+    real = _last_json(_run(SPARSE_BACKWARD_CASES, "real").stdout)
+    timing = _last_json(_run(SPARSE_BACKWARD_CASES, "timing").stdout)
+    assert len(real["results"]) == 46
+    assert real["results"][-1].startswith("embedding_backward: scale_grad_by_freq not supported")
+    assert any(r["nnz"] == 0 for r in real["results"][:-1]) and any(r["coalesced"] for r in real["results"][:-1])
+    for r, t in zip(real["results"], timing["results"]):
+        assert t == r
+    assert timing == real
+
+
 def test_nonzero_and_unique_of_real_integers_are_real():
     done = _run("""
         import torch, zion_emu

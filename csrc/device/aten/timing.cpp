@@ -1,11 +1,7 @@
 #include "device/aten/timing.h"
 
 #include <ATen/EmptyTensor.h>
-#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
-#include <ATen/ops/aminmax.h>
-#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/clamp_min_ops.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/TensorImpl.h>
@@ -165,126 +161,6 @@ struct MetaCall {
     return std::move(v);
   }
 };
-
-// The embedding-bag family: their integer results (offset2bag, bag_size,
-// max_indices in sum and mean modes, a sparse gradient's indices) depend on
-// the real indices and offsets only, and the feature dimension D is carried
-// along. The CPU kernel runs with each storage-less float argument replaced
-// by a zero stand-in of width min(D, 4) (fbgemm's CPU path rebuilds its
-// kernel on every call at widths 1 and 2); the float results, and max mode's
-// max_indices, come back storage-less with D put back. The integer results
-// are the CPU kernel's own, so they equal real mode's.
-bool is_embedding_bag_forward(const std::string& name) {
-  return name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only";
-}
-
-// The forward kernel's integer results (offset2bag, bag_size, and in sum and
-// mean modes max_indices) depend on the offsets and on which indices are the
-// padding row, not on which other rows are looked up. When every index is in
-// range, the stand-in weight is one row (two with a padding row) and the
-// indices are remapped onto it: a table of any size costs its batch's
-// lookups only. Out of range, a full-size contiguous stand-in takes real
-// mode's path, so the kernel raises real mode's error. Arguments as _embedding_bag's schema: (weight,
-// indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
-// include_last_offset, padding_idx).
-void use_tiny_weight(torch::jit::Stack::iterator args, int64_t rows, int64_t width) {
-  const at::Tensor& indices = args[1].toTensor();
-  if (indices.numel() > 0) {
-    auto [lowest, highest] = at::aminmax(indices);
-    if (lowest.item<int64_t>() < 0 || highest.item<int64_t>() >= rows) {
-      // The contiguous path that real mode's weight takes checks the indices, with its message.
-      args[0] = at::zeros({rows, width}, args[0].toTensor().options());
-      return;
-    }
-  }
-  const at::Tensor& weight = args[0].toTensor();
-  const int64_t padding = args[8].isInt() ? args[8].toInt() : -1;
-  if (padding >= 0 && padding < rows) {
-    args[1] = indices.eq(padding).to(indices.scalar_type());
-    args[8] = int64_t{1};
-    args[0] = at::zeros({2, width}, weight.options());
-  } else {
-    args[1] = at::zeros_like(indices);
-    args[0] = at::zeros({1, width}, weight.options());
-  }
-}
-
-void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  constexpr int64_t kStandInWidth = 4;
-  // A stand-in of more elements than this is one zero broadcast (no bytes),
-  // at the cost of the kernel's contiguous fast path.
-  constexpr int64_t kContiguousStandIn = int64_t{1} << 22;
-  const auto& schema = op.schema();
-  const size_t n = schema.arguments().size();
-  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
-  int64_t d = -1, mode = 0;
-  c10::DeviceIndex device = -1;
-  std::vector<at::Tensor> inputs;
-  AliasSet aliases;
-  for (size_t i = 0; i < n; ++i) {
-    c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    if (schema.arguments()[i].name() == "mode" && v.isInt()) mode = v.toInt();
-    if (!v.isTensor() || !v.toTensor().defined()) continue;
-    at::Tensor t = v.toTensor();
-    if (!t.device().is_privateuseone()) continue;
-    if (device < 0) device = t.device().index();
-    inputs.push_back(t);
-    if (!is_storage_less(t)) {
-      v = aliases.alias(t);
-      continue;
-    }
-    TORCH_CHECK(c10::isFloatingType(t.scalar_type()), "zion timing-only: ", schema.operator_name(),
-                " needs the values of its argument '", schema.arguments()[i].name(), "', a storage-less ",
-                t.scalar_type(), " tensor (its values came from storage-less floats); indices and offsets must be real");
-    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-    if (shape.size() == 2) {
-      d = shape[1];
-      shape[1] = std::min(d, kStandInWidth);
-    }
-    int64_t numel = 1;
-    for (int64_t extent : shape) numel *= extent;
-    // A forward's weight is replaced by a tiny one below, if its indices allow.
-    const bool broadcast = numel > kContiguousStandIn || (i == 0 && is_embedding_bag_forward(schema.name()));
-    v = broadcast ? at::zeros({1}, t.options().device(c10::kCPU)).expand(shape)
-                  : at::zeros(shape, t.options().device(c10::kCPU));
-  }
-  if (is_embedding_bag_forward(schema.name()) && is_storage_less(inputs.at(0))) {
-    use_tiny_weight(args, inputs.at(0).size(0), d < 0 ? inputs.at(0).size(-1) : std::min(d, kStandInWidth));
-  }
-  aliases.set_device(device);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  aliases.commit();
-  auto storage_less_like = [&](const at::Tensor& t) { return storage_less_result(t, d, kStandInWidth, device); };
-  const size_t num_returns = schema.returns().size();
-  std::vector<at::Tensor> outputs;
-  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
-    if (!it->isTensor()) continue;
-    at::Tensor t = it->toTensor();
-    if (!t.defined()) continue;
-    if (t.is_sparse()) {
-      // A sparse gradient: real indices, storage-less values [nnz, D].
-      at::Tensor values = storage_less_like(t._values());
-      std::vector<int64_t> size(t.sizes().begin(), t.sizes().end());
-      if (size.size() == 2 && d >= 0) size[1] = d;
-      *it = at::_sparse_coo_tensor_with_dims_and_tensors(
-          t.sparse_dim(), t.dense_dim(), size, aliases.to_zion(t._indices()), values,
-          t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)), t.is_coalesced());
-    } else if (c10::isFloatingType(t.scalar_type()) || (mode == 2 && t.dim() == 2)) {
-      *it = storage_less_like(t);  // max mode's max_indices [bags, D] point at the (unknown) maxima
-    } else {
-      *it = aliases.to_zion(t);
-    }
-    outputs.push_back(it->toTensor());
-  }
-  charge_op(op, device, inputs, outputs);
-}
-
-bool is_embedding_bag_family(const std::string& name) {
-  return name == "aten::_embedding_bag" || name == "aten::_embedding_bag_forward_only" ||
-         name == "aten::_embedding_bag_backward" || name == "aten::_embedding_bag_dense_backward" ||
-         name == "aten::_embedding_bag_sparse_backward" || name == "aten::embedding_dense_backward" ||
-         name == "aten::_embedding_bag_per_sample_weights_backward";
-}
 
 // Arguments whose values select elements: a storage-less integer tensor there
 // is an index computed from storage-less floats, which has no real value.
@@ -528,7 +404,7 @@ bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* st
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (is_embedding_bag_family(schema.name())) {
-    narrowed_embedding_bag(op, stack);
+    embedding_bag_without_bytes(op, stack);
     return;
   }
   TORCH_CHECK(!is_data_dependent(schema.name()), "zion timing-only: ", schema.operator_name(),

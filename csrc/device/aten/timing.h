@@ -48,6 +48,11 @@ bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::
 // Runs and prices the op without host bytes (see above).
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// The embedding-bag family (timing_embedding_bag.cpp): _embedding_bag and its
+// backward ops, whose integer results timing-only mode computes for real.
+bool is_embedding_bag_family(const std::string& name);
+void embedding_bag_without_bytes(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 // The host reads a storage-less value: counts the read and returns a placeholder.
 at::Scalar placeholder_scalar(const at::Tensor& t, const char* what);
 // Counts a read of a storage-less tensor's values (warns once per call site).
