@@ -1,10 +1,13 @@
-"""Reference machines against published nccl-tests all_reduce results, size by size.
+"""Reference machines against published nccl-tests results, size by size.
 
     python bench/calibration.py             # prints a markdown table per machine
     python bench/calibration.py --channels  # also: the channels NCCL launches per size
 
 Published rows: bench/reference/nccl_tests_published.json (each with its source;
-a run's "platform" names the preset that models its machine, else its key does).
+a run's "platform" names the preset that models its machine, else its key does;
+its "collective" names the operation, all_reduce when absent; sizes mean what
+nccl-tests' size column means, the gathered output of an all_gather and the
+input of a reduce_scatter).
 Three models side by side: "before" is the topology model (collectives.nccl_tuner
 off: the sim's algorithms on the preset's links, no protocols); "tuner" is
 NCCL's own tuning model (the presets' default, collectives.nccl_tuner.time_model
@@ -111,7 +114,8 @@ def main() -> None:
             "tuner": zion_emu.load_platform(preset, overrides={"collectives.nccl_tuner.time_model": "tuner"}),
             "pipeline": zion_emu.load_platform(preset, overrides={"collectives.nccl_tuner.time_model": "pipeline"}),
         }
-        print(f"\n### {name} all_reduce, 8 ranks — published: {ref['source']}\n")
+        op = ref.get("collective", "all_reduce")
+        print(f"\n### {name}: {op}, 8 ranks — published: {ref['source']}\n")
         print("| size (B) | published (us) | before (us) | error | tuner (us) | error | pipeline (us) | error | "
               "chosen |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -120,7 +124,7 @@ def main() -> None:
             cells = []
             shown = ""
             for m, platform in models.items():
-                r = sim.collective(platform, "all_reduce", row["bytes"], 8)
+                r = sim.collective(platform, op, row["bytes"], 8)
                 ratio = r.time * 1e6 / row["time_us"]
                 ratios[m][row["bytes"]] = ratio
                 cells.append(f"{r.time * 1e6:.2f} | {(ratio - 1) * 100:+.1f}%")
@@ -130,7 +134,7 @@ def main() -> None:
         print()
         for m in models:
             print(_summary(m, ratios[m]))
-        if args.channels:
+        if args.channels and op == "all_reduce":
             _channels(preset, ref)
 
 

@@ -1,4 +1,5 @@
-"""Reference machines against published nccl-tests all_reduce bus bandwidth.
+"""Reference machines against published nccl-tests results (all_reduce bus
+bandwidth, and on 8x H100 all_gather, reduce_scatter and all_to_all times).
 
 Figures (out-of-place busbw, GB/s): 8x A100-SXM4 228.1 at 1 GiB, 231.6 at
 8 GiB (one thread driving 8 GPUs), and 227.91 at 1 GiB, 232.81 at 4 GiB (one
@@ -63,6 +64,68 @@ def test_h100_small_messages_within_30_percent_of_nccl_tests():
         assert modeled_us == pytest.approx(row["time_us"], rel=0.30), row
         checked += 1
     assert checked >= 10
+
+
+def _published(run: str) -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parents[1] / "bench" / "reference" /
+                       "nccl_tests_published.json").read_text())[run]
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_h100_all_gather_and_reduce_scatter_follow_a_one_process_per_gpu_run(op):
+    # 8x H100, one process per GPU, NCCL 2.28.7, no NCCL_* settings, 32 MiB to
+    # 16 GiB (the source is in the reference file). The tuner (NCCL v2.21.5's
+    # ring/Simple here) is 8.1% short at 32 MiB (all_gather), 6.4% at 128 MiB
+    # and within 3.4% from 1 GiB: held to 9%, 7% from 128 MiB and 4% from 1 GiB.
+    # The 5% wanted from 128 MiB is missed at 128 and 256 MiB.
+    run = _published(f"hgx-h100 {op}, one process per GPU")
+    assert run["collective"] == op and len(run["rows"]) == 10
+    p = zion_emu.load_platform("hgx-h100")
+    for row in run["rows"]:
+        modeled = sim.collective(p, op, row["bytes"], 8)
+        assert (modeled.algorithm, modeled.protocol) == ("ring", "Simple")
+        bound = 0.09 if row["bytes"] < 128 << 20 else 0.07 if row["bytes"] < GIB else 0.04
+        assert modeled.time * 1e6 == pytest.approx(row["time_us"], rel=bound), row
+
+
+def test_h100_all_to_all_below_a_one_process_per_gpu_run():
+    # The same run's alltoall_perf: the model (NCCL's effective 370 GB/s, no
+    # p2p protocol) is 28% short at 32 MiB, 19% at 128 MiB and 6-7% from
+    # 4 GiB: medium all_to_alls are modeled too fast. Pinned here so that a
+    # change of the model shows in this test and in bench/README.
+    run = _published("hgx-h100 all_to_all, one process per GPU")
+    p = zion_emu.load_platform("hgx-h100")
+    errors = {row["bytes"]: sim.collective(p, "all_to_all", row["bytes"], 8).time * 1e6 / row["time_us"] - 1
+              for row in run["rows"]}
+    assert all(-0.29 < e < 0 for e in errors.values())
+    assert all(-0.08 < e for b, e in errors.items() if b >= 4 * GIB)
+
+
+def test_h100_pipeline_model_follows_a_recent_nccls_all_reduce():
+    # The same run's all_reduce_perf (NCCL 2.28.7, NVLS): the pipeline time
+    # model, with NVLS's fill, is within 5.0% at every size from 32 MiB to 16 GiB
+    # (-0.6% at 32 MiB, where the tuner is 17.8% short), except 64 MiB (+8.3%).
+    run = _published("hgx-h100 all_reduce, one process per GPU")
+    p = zion_emu.load_platform("hgx-h100", overrides={"collectives.nccl_tuner.time_model": "pipeline"})
+    for row in run["rows"]:
+        modeled = sim.collective(p, "all_reduce", row["bytes"], 8)
+        bound = 0.09 if row["bytes"] == 64 << 20 else 0.051
+        assert modeled.time * 1e6 == pytest.approx(row["time_us"], rel=bound), row
+
+
+@pytest.mark.parametrize("op,kib_us,gib_busbw", [("all_gather", 12.53, 253.59), ("all_to_all", 9.34, 254.69),
+                                                 ("all_reduce", 16.96, 231.45)])
+def test_a100_figures_of_a_one_process_per_gpu_run(op, kib_us, gib_busbw):
+    # microsoft/mscclpp docs/performance-ndmv4.md: 8x A100-SXM4-80GB, NCCL
+    # 2.17.1, one process per GPU; the latency at 1 KiB and the busbw at 1 GiB
+    # (the only two sizes given). Modeled: 10.8 / 10.8 / 15.0 us and 238.0 /
+    # 239.3 / 238.3 GB/s.
+    p = zion_emu.load_platform("hgx-a100")
+    assert sim.collective(p, op, 1024, 8).time * 1e6 == pytest.approx(kib_us, rel=0.20)
+    assert sim.collective(p, op, GIB, 8).busbw / 1e9 == pytest.approx(gib_busbw, rel=0.10)
 
 
 def _calibration_script():
