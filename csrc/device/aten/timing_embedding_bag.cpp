@@ -82,25 +82,29 @@ void use_tiny_weight(torch::jit::Stack::iterator args, int64_t rows, int64_t wid
 // case is taken: indices and offsets of one index dtype, contiguous, a valid
 // offset2bag; anything else (and the errors the kernel raises) goes through
 // the stand-ins below. Returns whether it took the call.
-struct SparseBackwardArgs {
+// The arguments of an embedding-bag op that the paths below read, by name
+// (the forward and the two backward ops order them differently).
+struct EmbeddingBagArgs {
+  const at::Tensor* weight = nullptr;
   const at::Tensor* grad = nullptr;
   const at::Tensor* indices = nullptr;
   const at::Tensor* offsets = nullptr;
   const at::Tensor* offset2bag = nullptr;
   const at::Tensor* per_sample_weights = nullptr;
   int64_t num_weights = -1, mode = -1, padding_idx = -1;
-  bool scale_grad_by_freq = false, sparse = true;
+  bool scale_grad_by_freq = false, sparse = true, include_last_offset = false;
 };
 
-bool read_sparse_backward_args(const c10::FunctionSchema& schema, torch::jit::Stack::iterator args,
-                               SparseBackwardArgs& out) {
+EmbeddingBagArgs read_args(const c10::FunctionSchema& schema, torch::jit::Stack::iterator args) {
+  EmbeddingBagArgs out;
   const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     const std::string& name = arguments[i].name();
     const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
     if (v.isTensor()) {
       const at::Tensor* t = &v.toTensor();
-      if (name == "grad") out.grad = t;
+      if (name == "weight") out.weight = t;
+      else if (name == "grad") out.grad = t;
       else if (name == "indices") out.indices = t;
       else if (name == "offsets") out.offsets = t;
       else if (name == "offset2bag") out.offset2bag = t;
@@ -112,9 +116,20 @@ bool read_sparse_backward_args(const c10::FunctionSchema& schema, torch::jit::St
     } else if (v.isBool()) {
       if (name == "scale_grad_by_freq") out.scale_grad_by_freq = v.toBool();
       else if (name == "sparse") out.sparse = v.toBool();
+      else if (name == "include_last_offset") out.include_last_offset = v.toBool();
     }
   }
-  return out.grad && out.indices && out.offsets && out.offset2bag && out.num_weights >= 0;
+  return out;
+}
+
+// The zion tensors among an op's n arguments, in order: what charge_op prices.
+std::vector<at::Tensor> zion_tensors(torch::jit::Stack::iterator args, size_t n) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone()) out.push_back(v.toTensor());
+  }
+  return out;
 }
 
 bool is_plain_index(const at::Tensor& t, c10::ScalarType dtype) {
@@ -129,8 +144,11 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
   }
   const size_t n = schema.arguments().size();
   auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
-  SparseBackwardArgs a;
-  if (!read_sparse_backward_args(schema, args, a) || !a.sparse || a.scale_grad_by_freq) return false;
+  const EmbeddingBagArgs a = read_args(schema, args);
+  if (!a.grad || !a.indices || !a.offsets || !a.offset2bag || a.num_weights < 0 || !a.sparse ||
+      a.scale_grad_by_freq) {
+    return false;
+  }
   if (a.mode != 0 && a.mode != 1) return false;  // max mode, or a mode the kernel refuses
   if (a.per_sample_weights && a.mode != 0) return false;
   const at::Tensor& grad = *a.grad;
@@ -148,11 +166,7 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
   }
   const c10::DeviceIndex device = grad.device().index();
   const int64_t d = grad.size(1);
-  std::vector<at::Tensor> inputs;
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone()) inputs.push_back(v.toTensor());
-  }
+  const std::vector<at::Tensor> inputs = zion_tensors(args, n);
   AliasSet aliases(device);
   at::Tensor index;  // [1, nnz] int64, on the host (an alias's view, or fresh)
   at::Tensor cpu_indices = aliases.alias(*a.indices);
@@ -185,34 +199,28 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
 // that never decrease and end within the indices. A call that fails one,
 // or any other case, goes through the stand-ins, which raise real mode's
 // error. Returns whether it took the call.
-struct ForwardArgs {
-  const at::Tensor* weight = nullptr;
-  const at::Tensor* indices = nullptr;
-  const at::Tensor* offsets = nullptr;
-  const at::Tensor* per_sample_weights = nullptr;
-  int64_t mode = -1, padding_idx = -1;
-  bool include_last_offset = false;
-};
-
-bool read_forward_args(const c10::FunctionSchema& schema, torch::jit::Stack::iterator args, ForwardArgs& out) {
-  const auto& arguments = schema.arguments();
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    const std::string& name = arguments[i].name();
-    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    if (v.isTensor()) {
-      const at::Tensor* t = &v.toTensor();
-      if (name == "weight") out.weight = t;
-      else if (name == "indices") out.indices = t;
-      else if (name == "offsets") out.offsets = t;
-      else if (name == "per_sample_weights") out.per_sample_weights = t->defined() ? t : nullptr;
-    } else if (v.isInt()) {
-      if (name == "mode") out.mode = v.toInt();
-      else if (name == "padding_idx") out.padding_idx = v.toInt();
-    } else if (v.isBool() && name == "include_last_offset") {
-      out.include_last_offset = v.toBool();
-    }
+// The kernel's checks of a sum-mode call, on the host: every index within
+// the table's rows, offsets[0] = 0, offsets that never decrease, and the
+// last within the indices. Plain loops over contiguous data: a call's checks
+// cost no dispatch.
+template <typename Index>
+bool lookups_are_valid(const at::Tensor& indices, const at::Tensor& offsets, int64_t rows) {
+  const Index* idx = indices.const_data_ptr<Index>();
+  const int64_t lookups = indices.numel();
+  Index lowest = 0, highest = 0;
+  if (lookups > 0) lowest = highest = idx[0];
+  for (int64_t i = 1; i < lookups; ++i) {
+    lowest = std::min(lowest, idx[i]);
+    highest = std::max(highest, idx[i]);
   }
-  return out.weight && out.indices && out.offsets;
+  if (lookups > 0 && (lowest < 0 || static_cast<int64_t>(highest) >= rows)) return false;
+  const Index* off = offsets.const_data_ptr<Index>();
+  const int64_t n = offsets.numel();
+  if (off[0] != 0 || static_cast<int64_t>(off[n - 1]) > lookups) return false;
+  for (int64_t i = 1; i < n; ++i) {
+    if (off[i] < off[i - 1]) return false;
+  }
+  return true;
 }
 
 bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -220,8 +228,8 @@ bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::St
   if (!is_embedding_bag_forward(schema.name())) return false;
   const size_t n = schema.arguments().size();
   auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
-  ForwardArgs a;
-  if (!read_forward_args(schema, args, a) || a.mode != 0 || a.padding_idx >= 0) return false;
+  const EmbeddingBagArgs a = read_args(schema, args);
+  if (!a.weight || !a.indices || !a.offsets || a.mode != 0 || a.padding_idx >= 0) return false;
   const at::Tensor& weight = *a.weight;
   const c10::ScalarType wtype = weight.scalar_type();
   if (!weight.device().is_privateuseone() || !is_storage_less(weight) || weight.dim() != 2 || weight.is_sparse() ||
@@ -243,18 +251,12 @@ bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::St
   AliasSet aliases(device);
   const at::Tensor indices = aliases.alias(*a.indices);
   const at::Tensor offsets = aliases.alias(*a.offsets);
-  if (lookups > 0) {
-    auto [lowest, highest] = at::aminmax(indices);
-    if (lowest.item<int64_t>() < 0 || highest.item<int64_t>() >= weight.size(0)) return false;
-  }
-  if (offsets[0].item<int64_t>() != 0 || offsets[-1].item<int64_t>() > lookups) return false;
-  if (num_offsets > 1 && !offsets.slice(0, 1).ge(offsets.slice(0, 0, -1)).all().item<bool>()) return false;
+  const bool valid = index_type == c10::kLong
+                         ? lookups_are_valid<int64_t>(indices, offsets, weight.size(0))
+                         : lookups_are_valid<int32_t>(indices, offsets, weight.size(0));
+  if (!valid) return false;
 
-  std::vector<at::Tensor> inputs;
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone()) inputs.push_back(v.toTensor());
-  }
+  const std::vector<at::Tensor> inputs = zion_tensors(args, n);
   const auto index_options = indices.options();
   // _embedding_bag narrows bag_size to the bags; _embedding_bag_forward_only
   // returns both it and max_indices with one element per offset.
