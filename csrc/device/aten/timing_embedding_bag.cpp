@@ -2,21 +2,25 @@
 // results are real, computed from the real indices and offsets; their float
 // results are storage-less.
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
-#include <ATen/core/stack.h>
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "device/aten/op_pricing.h"
 #include "device/aten/tensor_alias.h"
 #include "device/aten/timing.h"
+#include "device/runtime/allocator.h"
+#include "device/runtime/runtime.h"
 
 namespace zion::device {
 namespace {
@@ -223,6 +227,18 @@ bool lookups_are_valid(const at::Tensor& indices, const at::Tensor& offsets, int
   return true;
 }
 
+// A real zion tensor of n zeros, made in the device's pool as the kernel's
+// result would be adopted there, without a dispatched (and priced) op.
+at::Tensor real_zeros(int64_t n, c10::ScalarType dtype, c10::DeviceIndex device) {
+  const c10::DeviceIndex previous = current_device();
+  if (previous != device) set_current_device(device);
+  at::Tensor t = at::detail::empty_generic({n}, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dtype, std::nullopt);
+  if (previous != device) set_current_device(previous);
+  if (n > 0) std::memset(t.data_ptr(), 0, static_cast<size_t>(n) * t.element_size());
+  return t;
+}
+
 bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (!is_embedding_bag_forward(schema.name())) return false;
@@ -248,26 +264,23 @@ bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::St
   const int64_t bags = num_offsets - (a.include_last_offset ? 1 : 0);
   if (bags < 1) return false;
   const c10::DeviceIndex device = weight.device().index();
-  AliasSet aliases(device);
-  const at::Tensor indices = aliases.alias(*a.indices);
-  const at::Tensor offsets = aliases.alias(*a.offsets);
+  // Real integer zion tensors: their bytes are host memory, read in place.
   const bool valid = index_type == c10::kLong
-                         ? lookups_are_valid<int64_t>(indices, offsets, weight.size(0))
-                         : lookups_are_valid<int32_t>(indices, offsets, weight.size(0));
+                         ? lookups_are_valid<int64_t>(*a.indices, *a.offsets, weight.size(0))
+                         : lookups_are_valid<int32_t>(*a.indices, *a.offsets, weight.size(0));
   if (!valid) return false;
 
   const std::vector<at::Tensor> inputs = zion_tensors(args, n);
-  const auto index_options = indices.options();
   // _embedding_bag narrows bag_size to the bags; _embedding_bag_forward_only
   // returns both it and max_indices with one element per offset.
   const bool forward_only = schema.name() == "aten::_embedding_bag_forward_only";
-  at::Tensor bag_size = at::zeros({num_offsets}, index_options);
-  if (!forward_only) bag_size.resize_({bags});
+  at::Tensor bag_size = real_zeros(num_offsets, index_type, device);
+  if (!forward_only) bag_size.unsafeGetTensorImpl()->set_sizes_contiguous({bags});
   std::array<at::Tensor, 4> outputs{
       empty_storage_less({bags, weight.size(1)}, wtype, device),
-      aliases.to_zion(at::empty({0}, index_options)),
-      aliases.to_zion(std::move(bag_size)),
-      aliases.to_zion(at::zeros({forward_only ? num_offsets : bags}, index_options)),
+      real_zeros(0, index_type, device),
+      std::move(bag_size),
+      real_zeros(forward_only ? num_offsets : bags, index_type, device),
   };
   torch::jit::drop(*stack, n);
   for (const at::Tensor& t : outputs) stack->emplace_back(t);
