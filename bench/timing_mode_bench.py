@@ -7,7 +7,11 @@ example's training loop on one zion device and reports, measured over the
 loop after its first iteration (warm-up: Meta kernels' first calls):
 
 - priced ops per second of wall time (the mode's speed; target in timing-only
-  mode: >= 100,000 per process), with real mode's rate beside it;
+  mode: >= 100,000 per process), with real mode's rate beside it, over the
+  whole loop, over the loop without making batches ("the step alone"), and
+  over the training step itself (the example's Run.step: forward, backward
+  and the optimizer, without the batch's copy to the device and the loss
+  read each iteration prints);
 - wall ms per step, the process's peak RSS, and
 - the modeled ms/iteration and peak HBM, which must be equal in both modes
   (the bench says so, or prints MISMATCH).
@@ -54,17 +58,28 @@ def timed_batch(i):
     finally:
         data_s[0] += time.perf_counter() - t
 run.data.batch = timed_batch
+train_step = run.step
+step_s, step_ops = [0.0], [0]
+def timed_step(batch):
+    t, ops = time.perf_counter(), _C.device.priced_ops()
+    try:
+        return train_step(batch)
+    finally:
+        step_s[0] += time.perf_counter() - t
+        step_ops[0] += _C.device.priced_ops() - ops
+run.step = timed_step
 def emit(line):
     if line.startswith("iter "):
-        marks.append((time.perf_counter(), _C.device.priced_ops(), data_s[0]))
+        marks.append((time.perf_counter(), _C.device.priced_ops(), data_s[0], step_s[0], step_ops[0]))
 summary = dlrm.train(run, emit)
-(t0, ops0, d0), (t1, ops1, d1) = marks[0], marks[-1]
+(t0, ops0, d0, s0, so0), (t1, ops1, d1, s1, so1) = marks[0], marks[-1]
 steps = len(marks) - 1
 zion = args.device == "zion"
 print(json.dumps({
     "mode": zion_emu.mode() if zion else "cpu eager", "ops_per_s": (ops1 - ops0) / (t1 - t0),
     "ops_per_step": (ops1 - ops0) / steps, "wall_ms_per_step": 1e3 * (t1 - t0) / steps,
     "data_ms_per_step": 1e3 * (d1 - d0) / steps,
+    "train_step_ms": 1e3 * (s1 - s0) / steps, "train_step_ops": (so1 - so0) / steps,
     "modeled_ms_per_iter": summary.get("modeled_ms_per_iter"),
     "peak_hbm": torch.zion.max_memory_allocated(0) if zion else None,
     "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -123,27 +138,31 @@ def main() -> int:
     a = p.parse_args()
     extra = a.example_args.split()
     print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed); nproc {os.cpu_count()}")
-    print("| config | mode | priced ops/s | ops/s of the step alone | ops/step | wall ms/step | of it, making the batch "
-          "| peak RSS MiB | modeled ms/iter | peak HBM bytes |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| config | mode | priced ops/s | ops/s of the step alone | ops/s of the training step | ops/step "
+          "| wall ms/step | of it, making the batch | of it, the training step | peak RSS MiB | modeled ms/iter "
+          "| peak HBM bytes |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in a.configs.split(","):
         rows = {mode: measure(config, mode, extra, a.num_batches) for mode in ("real", "timing", "cpu")}
         ops = rows["timing"]["ops_per_step"]  # CPU eager runs the same ops; nothing prices them there
+        train_ops = rows["timing"]["train_step_ops"]
         for mode, r in rows.items():
             wall, data = r["wall_ms_per_step"], r["data_ms_per_step"]
             modeled = "-" if r["modeled_ms_per_iter"] is None else f"{r['modeled_ms_per_iter']:.6f}"
             peak = "-" if r["peak_hbm"] is None else f"{r['peak_hbm']:,}"
-            print(f"| {config} | {r['mode']} | {ops / wall * 1e3:,.0f} | {ops / (wall - data) * 1e3:,.0f} | {ops:,.0f} "
-                  f"| {wall:.2f} | {data:.2f} | {r['rss_mib']:,.0f} | {modeled} | {peak} |")
+            train = r["train_step_ms"]
+            print(f"| {config} | {r['mode']} | {ops / wall * 1e3:,.0f} | {ops / (wall - data) * 1e3:,.0f} "
+                  f"| {train_ops / train * 1e3:,.0f} | {ops:,.0f} | {wall:.2f} | {data:.2f} | {train:.2f} "
+                  f"| {r['rss_mib']:,.0f} | {modeled} | {peak} |")
         real, timing, cpu = rows["real"], rows["timing"], rows["cpu"]
         same = (real["modeled_ms_per_iter"] == timing["modeled_ms_per_iter"] and real["peak_hbm"] == timing["peak_hbm"])
         alone = {mode: r["wall_ms_per_step"] - r["data_ms_per_step"] for mode, r in rows.items()}
-        print(f"| {config} | timing / real | {real['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
-              f"| {alone['real'] / alone['timing']:.2f}x | | {timing['wall_ms_per_step'] / real['wall_ms_per_step']:.2f}x | "
-              f"| {timing['rss_mib'] / real['rss_mib']:.2f}x | {'equal' if same else 'MISMATCH'} | |")
-        print(f"| {config} | timing / cpu eager | {cpu['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
-              f"| {alone['cpu'] / alone['timing']:.2f}x | | {timing['wall_ms_per_step'] / cpu['wall_ms_per_step']:.2f}x | "
-              f"| {timing['rss_mib'] / cpu['rss_mib']:.2f}x | | |")
+        for name, other in (("real", real), ("cpu eager", cpu)):
+            key = "real" if other is real else "cpu"
+            print(f"| {config} | timing / {name} | {other['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
+                  f"| {alone[key] / alone['timing']:.2f}x | {other['train_step_ms'] / timing['train_step_ms']:.2f}x | "
+                  f"| {timing['wall_ms_per_step'] / other['wall_ms_per_step']:.2f}x | | "
+                  f"| {timing['rss_mib'] / other['rss_mib']:.2f}x | {('equal' if same else 'MISMATCH') if other is real else ''} | |")
     print()
     print("| op (one call, from Python) | real us | timing-only us | timing / real |")
     print("|---|---:|---:|---:|")
