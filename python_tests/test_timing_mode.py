@@ -202,6 +202,11 @@ case(w, idx, off, padding=7)
 case(w, idx + 45, off)  # out of range
 case(w, idx, torch.tensor([1, 2, 2, 5]))  # offsets[0] != 0
 case(w, idx, torch.tensor([0, 2, 2, 9]), last=True)  # past the end
+case(w, torch.tensor([3, 7, -1, 1, 9, 2]), off)  # negative
+case(w, idx.int() - 4, off.int())  # negative, int32
+case(w, torch.tensor([49] * 6), off)  # the last row
+case(w, torch.arange(10, 51), torch.tensor([0, 20]))  # out of range in the tail after groups of four
+case(w, torch.arange(50).int(), torch.tensor([0, 25]).int())  # every row, int32
 torch.zion.synchronize()
 print(json.dumps({"results": results, "clock": zion_emu.clock(), "peak": torch.zion.max_memory_allocated(0),
                   "priced": zion_emu._C.device.priced_ops()}))
@@ -214,8 +219,8 @@ def test_embedding_bag_forward_equals_real_modes_in_every_case():
     # integer results, shapes, storage sizes, errors, memory and modeled time.
     real = _last_json(_run(FORWARD_CASES, "real").stdout)
     timing = _last_json(_run(FORWARD_CASES, "timing").stdout)
-    assert len(real["results"]) == 14 + 11 * 2 + 3
-    assert sum(isinstance(r, str) for r in real["results"]) == 3  # the three errors
+    assert len(real["results"]) == 19 + 13 * 2 + 6
+    assert sum(isinstance(r, str) for r in real["results"]) == 6  # the six errors
     for r, t in zip(real["results"], timing["results"]):
         assert t == r
     assert timing == real

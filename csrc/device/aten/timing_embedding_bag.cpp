@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "device/aten/op_pricing.h"
@@ -206,18 +208,27 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
 // The kernel's checks of a sum-mode call, on the host: every index within
 // the table's rows, offsets[0] = 0, offsets that never decrease, and the
 // last within the indices. Plain loops over contiguous data: a call's checks
-// cost no dispatch.
+// cost no dispatch. The indices' check is the largest unsigned value (a
+// negative index reads as one above the index type's maximum) kept in four
+// running maxima, which the compiler keeps apart: one chain of dependent
+// compares ran at a third of the speed (20,480 int64 indices: 11 us against
+// 4 us), the whole of a small config's forward check.
 template <typename Index>
 bool lookups_are_valid(const at::Tensor& indices, const at::Tensor& offsets, int64_t rows) {
+  using Unsigned = std::make_unsigned_t<Index>;
   const Index* idx = indices.const_data_ptr<Index>();
   const int64_t lookups = indices.numel();
-  Index lowest = 0, highest = 0;
-  if (lookups > 0) lowest = highest = idx[0];
-  for (int64_t i = 1; i < lookups; ++i) {
-    lowest = std::min(lowest, idx[i]);
-    highest = std::max(highest, idx[i]);
+  Unsigned m[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= lookups; i += 4) {
+    for (int k = 0; k < 4; ++k) m[k] = std::max(m[k], static_cast<Unsigned>(idx[i + k]));
   }
-  if (lookups > 0 && (lowest < 0 || static_cast<int64_t>(highest) >= rows)) return false;
+  for (; i < lookups; ++i) m[0] = std::max(m[0], static_cast<Unsigned>(idx[i]));
+  const Unsigned highest = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+  if (lookups > 0 && (highest > static_cast<Unsigned>(std::numeric_limits<Index>::max()) ||
+                      static_cast<int64_t>(highest) >= rows)) {
+    return false;
+  }
   const Index* off = offsets.const_data_ptr<Index>();
   const int64_t n = offsets.numel();
   if (off[0] != 0 || static_cast<int64_t>(off[n - 1]) > lookups) return false;
