@@ -210,7 +210,7 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
 // last within the indices. Plain loops over contiguous data: a call's checks
 // cost no dispatch. The indices' check is the largest unsigned value (a
 // negative index reads as one above the index type's maximum) kept in four
-// running maxima, which the compiler keeps apart: one chain of dependent
+// running maxima in four variables, which the compiler keeps in registers: one chain of dependent
 // compares ran at a third of the speed (20,480 int64 indices: 11 us against
 // 4 us), the whole of a small config's forward check.
 template <typename Index>
@@ -218,13 +218,16 @@ bool lookups_are_valid(const at::Tensor& indices, const at::Tensor& offsets, int
   using Unsigned = std::make_unsigned_t<Index>;
   const Index* idx = indices.const_data_ptr<Index>();
   const int64_t lookups = indices.numel();
-  Unsigned m[4] = {0, 0, 0, 0};
+  Unsigned m0 = 0, m1 = 0, m2 = 0, m3 = 0;
   int64_t i = 0;
   for (; i + 4 <= lookups; i += 4) {
-    for (int k = 0; k < 4; ++k) m[k] = std::max(m[k], static_cast<Unsigned>(idx[i + k]));
+    m0 = std::max(m0, static_cast<Unsigned>(idx[i]));
+    m1 = std::max(m1, static_cast<Unsigned>(idx[i + 1]));
+    m2 = std::max(m2, static_cast<Unsigned>(idx[i + 2]));
+    m3 = std::max(m3, static_cast<Unsigned>(idx[i + 3]));
   }
-  for (; i < lookups; ++i) m[0] = std::max(m[0], static_cast<Unsigned>(idx[i]));
-  const Unsigned highest = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+  for (; i < lookups; ++i) m0 = std::max(m0, static_cast<Unsigned>(idx[i]));
+  const Unsigned highest = std::max(std::max(m0, m1), std::max(m2, m3));
   if (lookups > 0 && (highest > static_cast<Unsigned>(std::numeric_limits<Index>::max()) ||
                       static_cast<int64_t>(highest) >= rows)) {
     return false;
