@@ -207,6 +207,8 @@ case(w, idx.int() - 4, off.int())  # negative, int32
 case(w, torch.tensor([49] * 6), off)  # the last row
 case(w, torch.arange(10, 51), torch.tensor([0, 20]))  # out of range in the tail after groups of four
 case(w, torch.arange(50).int(), torch.tensor([0, 25]).int())  # every row, int32
+case(w, idx, torch.tensor([0, 3, 2, 5]))  # offsets that decrease (see the test below)
+case(w, torch.arange(41).int(), torch.tensor(list(range(30)) + [28] + list(range(31, 41))).int())  # one descent, late
 torch.zion.synchronize()
 print(json.dumps({"results": results, "clock": zion_emu.clock(), "peak": torch.zion.max_memory_allocated(0),
                   "priced": zion_emu._C.device.priced_ops()}))
@@ -219,11 +221,22 @@ def test_embedding_bag_forward_equals_real_modes_in_every_case():
     # integer results, shapes, storage sizes, errors, memory and modeled time.
     real = _last_json(_run(FORWARD_CASES, "real").stdout)
     timing = _last_json(_run(FORWARD_CASES, "timing").stdout)
-    assert len(real["results"]) == 19 + 13 * 2 + 6
+    assert len(real["results"]) == 21 + 15 * 2 + 6
     assert sum(isinstance(r, str) for r in real["results"]) == 6  # the six errors
     for r, t in zip(real["results"], timing["results"]):
         assert t == r
     assert timing == real
+
+
+
+def test_embedding_bag_forward_with_decreasing_offsets_equals_real_mode_on_two_threads():
+    # The CPU kernel takes offsets that decrease on one thread and refuses
+    # them on two; timing-only mode must do what real mode does on each.
+    for threads, errors in (("1", 6), ("2", 8)):
+        runs = [_last_json(run_python(FORWARD_CASES, env=child_env(ZION_MODE=mode, OMP_NUM_THREADS=threads)).stdout)
+                for mode in ("real", "timing")]
+        assert sum(isinstance(r, str) for r in runs[0]["results"]) == errors
+        assert runs[1] == runs[0]
 
 
 SPARSE_BACKWARD_CASES = """

@@ -193,51 +193,44 @@ bool sparse_backward_without_stand_ins(const c10::OperatorHandle& op, torch::jit
   return true;
 }
 
-// The forward of sum mode on its fast path, without a stand-in. When the
-// CPU kernel takes its fast path for sums (a float, half or bfloat16 weight
-// with unit row stride, no padding row, per_sample_weights of unit stride:
-// _embedding_bag_cpu_impl_out's is_fast_path), its integer results depend on
-// the number of bags alone: offset2bag empty, bag_size and max_indices zeros
-// of the index dtype, bag_size over a storage of one element per offset (the
-// kernel narrows it when include_last_offset drops the last; the forward-only
-// op leaves both at one element per offset). The kernel's
-// checks are taken first: every index in the table, offsets[0] = 0, offsets
-// that never decrease and end within the indices. A call that fails one,
-// or any other case, goes through the stand-ins, which raise real mode's
-// error. Returns whether it took the call.
 // The kernel's checks of a sum-mode call, on the host: every index within
 // the table's rows, offsets[0] = 0, offsets that never decrease, and the
-// last within the indices. Plain loops over contiguous data: a call's checks
-// cost no dispatch. The indices' check takes the largest index read as
-// unsigned (a negative one reads as above the index type's maximum), in four
-// running maxima held in registers: one chain of dependent compares ran at
-// a third of the speed (20,480 int64 indices: 11 us against 4 us).
+// last within the indices. Plain loops over contiguous data, without early
+// exits, so that the compiler vectorizes them; each is built for AVX-512,
+// AVX2 and the baseline, and the loader picks the one the CPU runs
+// (target_clones). The indices' check takes the largest index read as
+// unsigned (a negative one reads as above the index type's maximum).
+// Measured on 20,480 int64 indices in cache: 0.07 ns an index against
+// 0.20 for four running maxima in scalar registers and 0.6 for one chain.
+#define ZION_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+template <typename Unsigned>
+ZION_VECTOR_CLONES Unsigned highest_unsigned(const Unsigned* values, int64_t n) {
+  Unsigned highest = 0;
+  for (int64_t i = 0; i < n; ++i) highest = values[i] > highest ? values[i] : highest;
+  return highest;
+}
+
+// How many times a value is below the one before it.
+template <typename Index>
+ZION_VECTOR_CLONES int64_t descents(const Index* values, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 1; i < n; ++i) count += values[i] < values[i - 1] ? 1 : 0;
+  return count;
+}
+
 template <typename Index>
 bool lookups_are_valid(const at::Tensor& indices, const at::Tensor& offsets, int64_t rows) {
   using Unsigned = std::make_unsigned_t<Index>;
-  const Index* idx = indices.const_data_ptr<Index>();
   const int64_t lookups = indices.numel();
-  Unsigned m0 = 0, m1 = 0, m2 = 0, m3 = 0;
-  int64_t i = 0;
-  for (; i + 4 <= lookups; i += 4) {
-    m0 = std::max(m0, static_cast<Unsigned>(idx[i]));
-    m1 = std::max(m1, static_cast<Unsigned>(idx[i + 1]));
-    m2 = std::max(m2, static_cast<Unsigned>(idx[i + 2]));
-    m3 = std::max(m3, static_cast<Unsigned>(idx[i + 3]));
-  }
-  for (; i < lookups; ++i) m0 = std::max(m0, static_cast<Unsigned>(idx[i]));
-  const Unsigned highest = std::max(std::max(m0, m1), std::max(m2, m3));
+  const Unsigned highest = highest_unsigned(reinterpret_cast<const Unsigned*>(indices.const_data_ptr<Index>()), lookups);
   if (lookups > 0 && (highest > static_cast<Unsigned>(std::numeric_limits<Index>::max()) ||
                       static_cast<int64_t>(highest) >= rows)) {
     return false;
   }
   const Index* off = offsets.const_data_ptr<Index>();
   const int64_t n = offsets.numel();
-  if (off[0] != 0 || static_cast<int64_t>(off[n - 1]) > lookups) return false;
-  for (int64_t i = 1; i < n; ++i) {
-    if (off[i] < off[i - 1]) return false;
-  }
-  return true;
+  return off[0] == 0 && static_cast<int64_t>(off[n - 1]) <= lookups && descents(off, n) == 0;
 }
 
 // A real zion tensor of n zeros, made in the device's pool as the kernel's
@@ -252,6 +245,18 @@ at::Tensor real_zeros(int64_t n, c10::ScalarType dtype, c10::DeviceIndex device)
   return t;
 }
 
+// The forward of sum mode on its fast path, without a stand-in. When the
+// CPU kernel takes its fast path for sums (a float, half or bfloat16 weight
+// with unit row stride, no padding row, per_sample_weights of unit stride:
+// _embedding_bag_cpu_impl_out's is_fast_path), its integer results depend on
+// the number of bags alone: offset2bag empty, bag_size and max_indices zeros
+// of the index dtype, bag_size over a storage of one element per offset (the
+// kernel narrows it when include_last_offset drops the last; the forward-only
+// op leaves both at one element per offset). The kernel's
+// checks are taken first: every index in the table, offsets[0] = 0, offsets
+// that never decrease and end within the indices. A call that fails one,
+// or any other case, goes through the stand-ins, which raise real mode's
+// error. Returns whether it took the call.
 bool sum_forward_without_stand_ins(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (!is_embedding_bag_forward(schema.name())) return false;
