@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "device/aten/op_pricing.h"
 #include "device/aten/tensor_alias.h"
@@ -169,7 +170,6 @@ bool is_index_argument(const std::string& name) {
 }
 
 void check_no_storage_less_index(const c10::FunctionSchema& schema, const c10::IValue& v, const std::string& name) {
-  if (!is_index_argument(name)) return;
   auto check = [&](const at::Tensor& t) {
     TORCH_CHECK(!(is_storage_less(t) && !c10::isFloatingType(t.scalar_type()) && !c10::isComplexType(t.scalar_type())),
                 "zion timing-only: ", schema.operator_name(), " uses a storage-less ", t.scalar_type(),
@@ -369,63 +369,99 @@ bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::
 // their results need not be laid out as the CPU kernel's are), with the CPU
 // kernels' own shape rules in C++ instead. The arguments are already meta
 // tensors; true if a rule ran.
-bool run_cpu_shape_rule(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
-  if (!schema.overload_name().empty()) return false;
+enum class ShapeRule : uint8_t { kNone, kRelu, kLogSigmoidForward, kBinaryCrossEntropy, kBinaryCrossEntropyBackward };
+
+ShapeRule shape_rule_of(const c10::FunctionSchema& schema) {
+  if (!schema.overload_name().empty()) return ShapeRule::kNone;
   const std::string& name = schema.name();
-  const size_t num_args = schema.arguments().size();
+  if (name == "aten::relu") return ShapeRule::kRelu;
+  if (name == "aten::log_sigmoid_forward") return ShapeRule::kLogSigmoidForward;
+  if (name == "aten::binary_cross_entropy") return ShapeRule::kBinaryCrossEntropy;
+  if (name == "aten::binary_cross_entropy_backward") return ShapeRule::kBinaryCrossEntropyBackward;
+  return ShapeRule::kNone;
+}
+
+bool run_cpu_shape_rule(ShapeRule rule, size_t num_args, torch::jit::Stack* stack) {
+  if (rule == ShapeRule::kNone) return false;
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
   std::vector<at::Tensor> out;
-  if (name == "aten::relu") {
+  if (rule == ShapeRule::kRelu) {
     // The CPU kernel is clamp_min(self, 0), whose Meta kernel is C++.
     out.push_back(at::_ops::clamp_min::redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), args[0].toTensor(), 0));
-  } else if (name == "aten::log_sigmoid_forward") {
+  } else if (rule == ShapeRule::kLogSigmoidForward) {
     // binary_cross_entropy_with_logits calls it: the CPU kernel returns the
     // result and its buffer contiguous, each of self's shape.
     const at::Tensor& self = args[0].toTensor();
     for (int i = 0; i < 2; ++i) out.push_back(at::empty(self.sizes(), self.options()));
-  } else if (name == "aten::binary_cross_entropy") {
+  } else if (rule == ShapeRule::kBinaryCrossEntropy) {
     // (self, target, weight, reduction): the CPU kernel writes the loss of
     // each element into empty_like(self) and, reduced, resizes it to a scalar
     // in the same storage.
     at::Tensor loss = at::empty_like(args[0].toTensor());
     if (args[3].toInt() != 0) loss.resize_({});
     out.push_back(std::move(loss));
-  } else if (name == "aten::binary_cross_entropy_backward") {
+  } else {
     // (grad_output, self, target, weight, reduction): the CPU kernel's gradient is empty_like(self).
     out.push_back(at::empty_like(args[1].toTensor()));
-  } else {
-    return false;
   }
   torch::jit::drop(*stack, num_args);
   for (at::Tensor& t : out) stack->emplace_back(std::move(t));
   return true;
 }
 
+// What an operator's schema tells timing_fallback, read on its first call
+// (its name and its arguments' names, compared once, not on every call).
+struct TimingFacts {
+  bool embedding_bag = false;
+  bool data_dependent = false;
+  ShapeRule shape_rule = ShapeRule::kNone;
+  int pin_memory_arg = -1;
+  c10::SmallVector<int, 2> index_args;
+};
+
+const TimingFacts& timing_facts_of(const c10::OperatorHandle& op) {
+  // Per thread, so no lock; keyed by the schema, which lives as long as the operator.
+  thread_local std::unordered_map<const c10::FunctionSchema*, TimingFacts> cache;
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  TimingFacts f;
+  f.embedding_bag = is_embedding_bag_family(key->name());
+  f.data_dependent = is_data_dependent(key->name());
+  f.shape_rule = shape_rule_of(*key);
+  const auto& arguments = key->arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == "pin_memory") f.pin_memory_arg = static_cast<int>(i);
+    if (is_index_argument(arguments[i].name())) f.index_args.push_back(static_cast<int>(i));
+  }
+  return cache.emplace(key, std::move(f)).first->second;
+}
+
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  if (is_embedding_bag_family(schema.name())) {
+  const TimingFacts& facts = timing_facts_of(op);
+  if (facts.embedding_bag) {
     embedding_bag_without_bytes(op, stack);
     return;
   }
-  TORCH_CHECK(!is_data_dependent(schema.name()), "zion timing-only: ", schema.operator_name(),
+  TORCH_CHECK(!facts.data_dependent, "zion timing-only: ", schema.operator_name(),
               " needs the values of a storage-less tensor (the shape of its result depends on them), which "
               "timing-only mode does not keep. Integer and bool tensors made from real data (indices, offsets, "
               "lengths, masks) stay real; this one was computed from storage-less floats");
   const size_t num_args = schema.arguments().size();
   MetaCall call{op};
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  for (int i : facts.index_args) {
+    check_no_storage_less_index(schema, args[i], schema.arguments()[static_cast<size_t>(i)].name());
+  }
+  if (facts.pin_memory_arg >= 0) args[facts.pin_memory_arg] = c10::IValue();
   for (size_t i = 0; i < num_args; ++i) {
+    if (static_cast<int>(i) == facts.pin_memory_arg) continue;
     c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
-    const std::string& name = schema.arguments()[i].name();
-    if (name == "pin_memory") {
-      v = c10::IValue();
-      continue;
-    }
-    check_no_storage_less_index(schema, v, name);
     v = call.convert(std::move(v));
   }
   if (call.device < 0) call.device = current_device();
-  if (!run_cpu_shape_rule(schema, stack)) {
+  if (!run_cpu_shape_rule(facts.shape_rule, num_args, stack)) {
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
     } catch (const c10::NotImplementedError& e) {
