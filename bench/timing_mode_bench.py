@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -130,20 +131,38 @@ def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def median_run(found: list[dict]) -> dict:
+    """One run's figures: each number the median over the runs, the rest as the first run has them."""
+    out = dict(found[0])
+    for key, value in out.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in found)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="tiny,small,mlperf", help="comma-separated example configs (mlperf at its 1M-row cap)")
     p.add_argument("--num-batches", type=int, default=4, help="iterations per run (the first is warm-up)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each mode, in rounds (real, timing, cpu eager, then again); each figure is the median")
     p.add_argument("--example-args", default="", help="more arguments for the example, e.g. '--max-rows 200000'")
     a = p.parse_args()
     extra = a.example_args.split()
-    print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed); nproc {os.cpu_count()}")
+    if a.repeat < 1:
+        p.error(f"--repeat must be at least 1, got {a.repeat}")
+    print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed), "
+          f"median of {a.repeat} run(s) per mode; nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
     print("| config | mode | priced ops/s | ops/s of the step alone | ops/s of the training step | ops/step "
           "| wall ms/step | of it, making the batch | of it, the training step | peak RSS MiB | modeled ms/iter "
           "| peak HBM bytes |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in a.configs.split(","):
-        rows = {mode: measure(config, mode, extra, a.num_batches) for mode in ("real", "timing", "cpu")}
+        runs: dict[str, list[dict]] = {"real": [], "timing": [], "cpu": []}
+        for _ in range(a.repeat):
+            for mode, found in runs.items():
+                found.append(measure(config, mode, extra, a.num_batches))
+        rows = {mode: median_run(found) for mode, found in runs.items()}
         ops = rows["timing"]["ops_per_step"]  # CPU eager runs the same ops; nothing prices them there
         train_ops = rows["timing"]["train_step_ops"]
         for mode, r in rows.items():
@@ -163,6 +182,9 @@ def main() -> int:
                   f"| {alone[key] / alone['timing']:.2f}x | {other['train_step_ms'] / timing['train_step_ms']:.2f}x | "
                   f"| {timing['wall_ms_per_step'] / other['wall_ms_per_step']:.2f}x | | "
                   f"| {timing['rss_mib'] / other['rss_mib']:.2f}x | {('equal' if same else 'MISMATCH') if key == 'real' else ''} | |")
+        if a.repeat > 1:
+            each = ", ".join(f"{r['train_step_ops'] / r['train_step_ms'] * 1e3:,.0f}" for r in runs["timing"])
+            print(f"| {config} | timing, each run's training-step ops/s | {each} | | | | | | | | | |")
     print()
     print("| op (one call, from Python) | real us | timing-only us | timing / real |")
     print("|---|---:|---:|---:|")
