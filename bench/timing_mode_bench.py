@@ -11,7 +11,11 @@ loop after its first iteration (warm-up: Meta kernels' first calls):
   whole loop, over the loop without making batches ("the step alone"), and
   over the training step itself (the example's Run.step: forward, backward
   and the optimizer, without the batch's copy to the device and the loss
-  read each iteration prints);
+  read each iteration prints), and over the training step once more after
+  the loop, on as many batches made before it, as a data loader's workers
+  hand them over (in the loop, the example makes each batch on the training
+  thread between two steps, and the step then starts with the core's caches
+  full of the generator's data);
 - wall ms per step, the process's peak RSS, and
 - the modeled ms/iteration and peak HBM, which must be equal in both modes
   (the bench says so, or prints MISMATCH).
@@ -75,12 +79,26 @@ def emit(line):
 summary = dlrm.train(run, emit)
 (t0, ops0, d0, s0, so0), (t1, ops1, d1, s1, so1) = marks[0], marks[-1]
 steps = len(marks) - 1
+# The training step again, over as many batches made before the loop, as a
+# data loader's workers hand them over: each batch is new to the step, and no
+# batch is made on this thread between two steps (the example's generator
+# fills the core's caches with its own data). Each batch's copy to the device
+# is not timed.
+ahead = [make_batch(args.num_batches + i) for i in range(steps)]
+ahead_s, ahead_ops = 0.0, 0
+for b in ahead:
+    b = b.to(run.device, run.embeddings.host_tables)
+    t, ops = time.perf_counter(), _C.device.priced_ops()
+    train_step(b)
+    ahead_s += time.perf_counter() - t
+    ahead_ops += _C.device.priced_ops() - ops
 zion = args.device == "zion"
 print(json.dumps({
     "mode": zion_emu.mode() if zion else "cpu eager", "ops_per_s": (ops1 - ops0) / (t1 - t0),
     "ops_per_step": (ops1 - ops0) / steps, "wall_ms_per_step": 1e3 * (t1 - t0) / steps,
     "data_ms_per_step": 1e3 * (d1 - d0) / steps,
     "train_step_ms": 1e3 * (s1 - s0) / steps, "train_step_ops": (so1 - so0) / steps,
+    "ahead_step_ms": 1e3 * ahead_s / steps, "ahead_step_ops": ahead_ops / steps,
     "modeled_ms_per_iter": summary.get("modeled_ms_per_iter"),
     "peak_hbm": torch.zion.max_memory_allocated(0) if zion else None,
     "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -132,11 +150,11 @@ def measure(config: str, mode: str, extra: list[str], num_batches: int) -> dict:
 
 
 def median_run(found: list[dict]) -> dict:
-    """One run's figures: each number the median over the runs, the rest as the first run has them."""
+    """One run's figures: each number the median over the runs (the lower middle one of an even count), the rest as the first run has them."""
     out = dict(found[0])
     for key, value in out.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = statistics.median(r[key] for r in found)
+            out[key] = statistics.median_low(r[key] for r in found)
     return out
 
 
@@ -153,10 +171,11 @@ def main() -> int:
         p.error(f"--repeat must be at least 1, got {a.repeat}")
     print(f"# DLRM example, one zion device, {a.num_batches} iterations (the first not timed), "
           f"median of {a.repeat} run(s) per mode; nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.2f}")
-    print("| config | mode | priced ops/s | ops/s of the step alone | ops/s of the training step | ops/step "
+    print("| config | mode | priced ops/s | ops/s of the step alone | ops/s of the training step "
+          "| ops/s of the training step, batches made ahead | ops/step "
           "| wall ms/step | of it, making the batch | of it, the training step | peak RSS MiB | modeled ms/iter "
           "| peak HBM bytes |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for config in a.configs.split(","):
         runs: dict[str, list[dict]] = {"real": [], "timing": [], "cpu": []}
         for _ in range(a.repeat):
@@ -165,13 +184,15 @@ def main() -> int:
         rows = {mode: median_run(found) for mode, found in runs.items()}
         ops = rows["timing"]["ops_per_step"]  # CPU eager runs the same ops; nothing prices them there
         train_ops = rows["timing"]["train_step_ops"]
+        ahead_ops = rows["timing"]["ahead_step_ops"]
         for mode, r in rows.items():
             wall, data = r["wall_ms_per_step"], r["data_ms_per_step"]
             modeled = "-" if r["modeled_ms_per_iter"] is None else f"{r['modeled_ms_per_iter']:.6f}"
             peak = "-" if r["peak_hbm"] is None else f"{r['peak_hbm']:,}"
             train = r["train_step_ms"]
             print(f"| {config} | {r['mode']} | {ops / wall * 1e3:,.0f} | {ops / (wall - data) * 1e3:,.0f} "
-                  f"| {train_ops / train * 1e3:,.0f} | {ops:,.0f} | {wall:.2f} | {data:.2f} | {train:.2f} "
+                  f"| {train_ops / train * 1e3:,.0f} | {ahead_ops / r['ahead_step_ms'] * 1e3:,.0f} "
+                  f"| {ops:,.0f} | {wall:.2f} | {data:.2f} | {train:.2f} "
                   f"| {r['rss_mib']:,.0f} | {modeled} | {peak} |")
         real, timing = rows["real"], rows["timing"]
         same = (real["modeled_ms_per_iter"] == timing["modeled_ms_per_iter"] and real["peak_hbm"] == timing["peak_hbm"])
@@ -179,12 +200,14 @@ def main() -> int:
         for name, key in (("real", "real"), ("cpu eager", "cpu")):
             other = rows[key]
             print(f"| {config} | timing / {name} | {other['wall_ms_per_step'] / timing['wall_ms_per_step']:.2f}x "
-                  f"| {alone[key] / alone['timing']:.2f}x | {other['train_step_ms'] / timing['train_step_ms']:.2f}x | "
+                  f"| {alone[key] / alone['timing']:.2f}x | {other['train_step_ms'] / timing['train_step_ms']:.2f}x "
+                  f"| {other['ahead_step_ms'] / timing['ahead_step_ms']:.2f}x | "
                   f"| {timing['wall_ms_per_step'] / other['wall_ms_per_step']:.2f}x | | "
                   f"| {timing['rss_mib'] / other['rss_mib']:.2f}x | {('equal' if same else 'MISMATCH') if key == 'real' else ''} | |")
         if a.repeat > 1:
             each = ", ".join(f"{r['train_step_ops'] / r['train_step_ms'] * 1e3:,.0f}" for r in runs["timing"])
-            print(f"| {config} | timing, each run's training-step ops/s | {each} | | | | | | | | | |")
+            ahead_each = ", ".join(f"{r['ahead_step_ops'] / r['ahead_step_ms'] * 1e3:,.0f}" for r in runs["timing"])
+            print(f"| {config} | timing, each run's training-step ops/s | | | {each} | {ahead_each} | | | | | | | |")
     print()
     print("| op (one call, from Python) | real us | timing-only us | timing / real |")
     print("|---|---:|---:|---:|")
