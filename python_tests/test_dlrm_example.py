@@ -125,6 +125,24 @@ def test_tables_of_different_lookup_counts_get_their_own_offsets():
     assert batch.offsets[2] is batch.offsets[0]  # one tensor per lookup count, copied to the device once
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["real", "timing"])
+def test_batches_made_by_data_loader_workers_train_as_those_made_on_the_training_thread(mode):
+    # --num-workers: the same batches, in order, from worker processes, so
+    # the same losses bit for bit, modeled time and peak HBM.
+    def train(workers: int) -> str:
+        return run([sys.executable, str(EXAMPLE / "dlrm.py"), *TINY, "--num-batches", "6", "--num-workers",
+                    str(workers)], timeout_s=TORCHRUN_TIMEOUT_S, check=True,
+                   env=child_env(OMP_NUM_THREADS="1", ZION_MODE=mode)).stdout
+
+    here, workers = train(0), train(2)
+    assert len(_losses(here)) == 6
+    assert _losses(workers) == _losses(here)
+    summary_here, summary_workers = _summary(here), _summary(workers)
+    for key in ("modeled_ms_per_iter", "peak_hbm_bytes", "iters"):
+        assert summary_workers[key] == summary_here[key]
+
+
 # --- bad input ---------------------------------------------------------------------
 
 def _usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -155,6 +173,9 @@ def test_bad_flags_are_named_with_what_is_allowed(capsys):
 
     err = _usage_error(capsys, "--config", "tiny", "--num-batches", "0")
     assert "--num-batches is 0" in err
+
+    err = _usage_error(capsys, "--config", "tiny", "--num-workers", "-1")
+    assert "--num-workers is -1; it must be 0" in err and "worker processes" in err
 
 
 def test_a_batch_that_does_not_split_over_the_ranks_is_refused(capsys, monkeypatch):

@@ -37,7 +37,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Sequence
+from typing import Callable, ContextManager, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,7 @@ import torch.distributed as dist
 # that group (and gloo's worker threads) until the interpreter is torn down.
 import torch.distributed.nn  # noqa: F401
 import torch.nn.functional as F
+import torch.utils.data
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=OPTIMIZERS, help="default: the config's (sgd; adagrad for dcnv2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-freq", type=int, default=1, help="print a line every N iterations")
+    p.add_argument("--num-workers", type=int, default=0,
+                   help="make the batches in N data-loader worker processes (torch DataLoader, in order, as the "
+                        "reference DLRM's --num-workers); 0 makes each on the training thread before its step")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (none when stderr is not a TTY)")
     p.add_argument("--inference", action="store_true",
                    help="zion only: serve instead of train. For each of --batch-sizes, --num-batches queries "
@@ -135,6 +139,9 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
             raise UsageError(f"{flag} is {value}; it must be at least 1")
     if args.max_rows < 0:
         raise UsageError(f"--max-rows is {args.max_rows}; it must be 0 (no cap) or a row count")
+    if args.num_workers < 0:
+        raise UsageError(f"--num-workers is {args.num_workers}; it must be 0 (batches made on the training thread) "
+                         f"or a number of worker processes")
     if not args.learning_rate > 0:
         raise UsageError(f"--learning-rate is {args.learning_rate}; it must be positive")
     args.table_rows = _widths("--arch-embedding-size", args.arch_embedding_size)
@@ -397,6 +404,29 @@ def placement_lines(run: Run) -> list[str]:
     return lines
 
 
+class _BatchesOf(torch.utils.data.Dataset):
+    """The run's batches by index, for a DataLoader's workers (each batch a pure function of its index)."""
+
+    def __init__(self, data: SyntheticData, count: int) -> None:
+        self.data, self.count = data, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> Batch:
+        return self.data.batch(i)
+
+
+def batches(run: Run) -> Iterable[Batch]:
+    """The ``--num-batches`` batches in order: made on this thread one before each step, or with
+    ``--num-workers N`` by N worker processes ahead of the steps (the same batches either way)."""
+    a = run.args
+    if a.num_workers == 0:
+        return (run.data.batch(i) for i in range(a.num_batches))
+    return torch.utils.data.DataLoader(_BatchesOf(run.data, a.num_batches), batch_size=None, shuffle=False,
+                                       num_workers=a.num_workers)
+
+
 def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     """Runs ``--num-batches`` iterations; ``emit`` gets rank 0's lines. Returns the summary figures."""
     from tqdm import tqdm
@@ -413,8 +443,8 @@ def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
     wall_start = wall_last = time.perf_counter()
     clock_start = clock_last = run.modeled_clock()
     last_iter = 0
-    for i in range(a.num_batches):
-        batch = run.data.batch(i).to(run.device, run.embeddings.host_tables)
+    for i, batch in enumerate(batches(run)):
+        batch = batch.to(run.device, run.embeddings.host_tables)
         loss = run.step(batch)
         bar.update(1)
         if (i + 1) % a.print_freq and i + 1 != a.num_batches:
