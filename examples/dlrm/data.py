@@ -73,6 +73,29 @@ class Batch:
                      offsets, self.labels.to(device))
 
 
+    def packed(self) -> tuple[torch.Tensor, ...]:
+        """The batch as four tensors, for a data-loader worker to hand over (each tensor crosses
+        processes through its own shared-memory segment, so a batch of many small tensors is slow to
+        pass): dense, labels, every table's indices in one, and the offsets' lengths, indices' lengths
+        and which offsets tensor each table shares."""
+        unique = list({id(o): o for o in self.offsets}.values())
+        which = [next(k for k, o in enumerate(unique) if o is offsets) for offsets in self.offsets]
+        integers = torch.cat([*self.indices, *unique]) if self.indices else torch.empty(0, dtype=torch.int64)
+        layout = torch.tensor([len(self.indices), len(unique), *(i.numel() for i in self.indices),
+                               *(o.numel() for o in unique), *which], dtype=torch.int64)
+        return self.dense, self.labels, integers, layout
+
+    @staticmethod
+    def unpacked(dense: torch.Tensor, labels: torch.Tensor, integers: torch.Tensor, layout: torch.Tensor) -> "Batch":
+        """The batch that ``packed`` gave: its indices and offsets are views of one tensor."""
+        sizes = layout.tolist()
+        tables, shared = sizes[0], sizes[1]
+        pieces = list(torch.split(integers, sizes[2:2 + tables + shared]))
+        indices, unique = pieces[:tables], pieces[tables:]
+        which = sizes[2 + tables + shared:]
+        return Batch(dense, indices, [unique[k] for k in which], labels)
+
+
 class SyntheticData:
     """Batches for one rank: ``batch(i)`` is the i-th batch, as this rank sees it."""
 

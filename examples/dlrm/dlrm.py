@@ -413,8 +413,8 @@ class _BatchesOf(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, i: int) -> Batch:
-        return self.data.batch(i)
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        return self.data.batch(i).packed()
 
 
 def batches(run: Run) -> Iterable[Batch]:
@@ -423,8 +423,9 @@ def batches(run: Run) -> Iterable[Batch]:
     a = run.args
     if a.num_workers == 0:
         return (run.data.batch(i) for i in range(a.num_batches))
-    return torch.utils.data.DataLoader(_BatchesOf(run.data, a.num_batches), batch_size=None, shuffle=False,
-                                       num_workers=a.num_workers)
+    loader = torch.utils.data.DataLoader(_BatchesOf(run.data, a.num_batches), batch_size=None, shuffle=False,
+                                         num_workers=a.num_workers)
+    return (Batch.unpacked(*packed) for packed in loader)
 
 
 def train(run: Run, emit: Callable[[str], None]) -> dict[str, float]:
