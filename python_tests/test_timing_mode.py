@@ -8,6 +8,7 @@ interpreter (in both modes where the two are compared)."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -229,6 +230,13 @@ def test_embedding_bag_forward_equals_real_modes_in_every_case():
 
 
 
+def _error_kind(result):
+    # On two threads each of the kernel's threads checks its own bags, and the
+    # first to raise names its bad index: which one is a race, in real mode as
+    # in timing-only mode. The kind of error is not.
+    return re.sub(r"-?\d+", "N", result) if isinstance(result, str) else result
+
+
 def test_embedding_bag_forward_with_decreasing_offsets_equals_real_mode_on_two_threads():
     # The CPU kernel takes offsets that decrease on one thread and refuses
     # them on two; timing-only mode must do what real mode does on each.
@@ -236,7 +244,19 @@ def test_embedding_bag_forward_with_decreasing_offsets_equals_real_mode_on_two_t
         runs = [_last_json(run_python(FORWARD_CASES, env=child_env(ZION_MODE=mode, OMP_NUM_THREADS=threads)).stdout)
                 for mode in ("real", "timing")]
         assert sum(isinstance(r, str) for r in runs[0]["results"]) == errors
-        assert runs[1] == runs[0]
+        if threads == "1":
+            assert runs[1] == runs[0]
+        else:
+            for run in runs:
+                run["results"] = [_error_kind(r) for r in run["results"]]
+            assert runs[1] == runs[0]
+
+
+def test_error_kind_masks_the_numbers_of_a_message_alone():
+    message = "Index 1 of input takes value 52 which is not in the valid range [0, 50)"
+    assert _error_kind(message) == _error_kind(message.replace("1 of", "2 of").replace("52", "-54"))
+    assert _error_kind(message) != _error_kind("offsets[0] has to be 0")
+    assert _error_kind([{"values": [1, 2]}]) == [{"values": [1, 2]}]
 
 
 SPARSE_BACKWARD_CASES = """
