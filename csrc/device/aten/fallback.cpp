@@ -24,7 +24,6 @@
 #include <tuple>
 #include <type_traits>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "device/runtime/allocator.h"
@@ -32,6 +31,7 @@
 #include "device/aten/op_pricing.h"
 #include "device/runtime/runtime.h"
 #include "device/aten/tensor_alias.h"
+#include "device/aten/operator_facts.h"
 #include "device/aten/timing.h"
 
 namespace zion::device {
@@ -96,14 +96,7 @@ OpFacts read_facts(const c10::OperatorHandle& op) {
   return f;
 }
 
-const OpFacts& facts_of(const c10::OperatorHandle& op) {
-  // Per thread, so no lock; keyed by the schema, which lives as long as the operator.
-  thread_local std::unordered_map<const c10::FunctionSchema*, OpFacts> cache;
-  const c10::FunctionSchema* key = &op.schema();
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, read_facts(op)).first;
-  return it->second;
-}
+const OpFacts& facts_of(const c10::OperatorHandle& op) { return facts_per_operator(op, &read_facts); }
 
 [[noreturn]] void mixed_devices(const c10::OperatorHandle& op, c10::DeviceIndex device, const at::Tensor& other) {
   TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",

@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 #include "device/aten/op_pricing.h"
+#include "device/aten/operator_facts.h"
 #include "device/aten/tensor_alias.h"
 #include "device/runtime/allocator.h"
 #include "device/runtime/runtime.h"
@@ -419,27 +419,23 @@ struct TimingFacts {
   c10::SmallVector<int, 2> index_args;
 };
 
-const TimingFacts& timing_facts_of(const c10::OperatorHandle& op) {
-  // Per thread, so no lock; keyed by the schema, which lives as long as the operator.
-  thread_local std::unordered_map<const c10::FunctionSchema*, TimingFacts> cache;
-  const c10::FunctionSchema* key = &op.schema();
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
   TimingFacts f;
-  f.embedding_bag = is_embedding_bag_family(key->name());
-  f.data_dependent = is_data_dependent(key->name());
-  f.shape_rule = shape_rule_of(*key);
-  const auto& arguments = key->arguments();
+  f.embedding_bag = is_embedding_bag_family(schema.name());
+  f.data_dependent = is_data_dependent(schema.name());
+  f.shape_rule = shape_rule_of(schema);
+  const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i].name() == "pin_memory") f.pin_memory_arg = static_cast<int>(i);
     if (is_index_argument(arguments[i].name())) f.index_args.push_back(static_cast<int>(i));
   }
-  return cache.emplace(key, std::move(f)).first->second;
+  return f;
 }
 
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  const TimingFacts& facts = timing_facts_of(op);
+  const TimingFacts& facts = facts_per_operator(op, &read_timing_facts);
   if (facts.embedding_bag) {
     embedding_bag_without_bytes(op, stack);
     return;
