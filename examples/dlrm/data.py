@@ -72,14 +72,14 @@ class Batch:
                      [i if k in host_tables else i.to(device) for k, i in enumerate(self.indices)],
                      offsets, self.labels.to(device))
 
-
     def packed(self) -> tuple[torch.Tensor, ...]:
         """The batch as four tensors, for a data-loader worker to hand over (each tensor crosses
         processes through its own shared-memory segment, so a batch of many small tensors is slow to
         pass): dense, labels, every table's indices in one, and the offsets' lengths, indices' lengths
         and which offsets tensor each table shares."""
         unique = list({id(o): o for o in self.offsets}.values())
-        which = [next(k for k, o in enumerate(unique) if o is offsets) for offsets in self.offsets]
+        position = {id(o): k for k, o in enumerate(unique)}
+        which = [position[id(o)] for o in self.offsets]
         integers = torch.cat([*self.indices, *unique]) if self.indices else torch.empty(0, dtype=torch.int64)
         layout = torch.tensor([len(self.indices), len(unique), *(i.numel() for i in self.indices),
                                *(o.numel() for o in unique), *which], dtype=torch.int64)
