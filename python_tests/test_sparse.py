@@ -190,3 +190,35 @@ def test_a_sparse_gradient_added_to_a_table_is_freed_when_dropped():
     table.add_(grad, alpha=-0.1)
     del grad
     assert torch.zion.memory_allocated() == before
+
+
+def test_a_fresh_sparse_result_becomes_a_zion_tensor_with_the_cpus_contents_flags_and_memory():
+    # A sparse CPU result that nothing else holds (an embedding bag's gradient) is made the zion tensor
+    # itself rather than wrapped anew (sparse.cpp): it must end up exactly as a fresh sparse zion tensor,
+    # on the op's device (not the current one), with the CPU result's indices, values, sizes and
+    # coalesced flag, its values counted in that device's HBM and given back when it goes.
+    torch.manual_seed(5)
+    weight = torch.randn(30, 4)
+    cases = [(torch.tensor([3, 7, 3, 29, 0]), torch.tensor([0, 2])), (torch.tensor([5]), torch.tensor([0]))]
+    for indices, offsets in cases:
+        grads = {}
+        for device in ("cpu", "zion:2"):
+            bag = torch.nn.EmbeddingBag(30, 4, mode="sum", sparse=True).to(device)
+            with torch.no_grad():
+                bag.weight.copy_(weight)
+            bag(indices.to(device), offsets.to(device)).pow(2).sum().backward()
+            grads[device] = bag.weight.grad
+        cpu, z = grads["cpu"], grads["zion:2"]
+        assert torch.zion.current_device() == 0
+        assert z.is_sparse and z.device == z._indices().device == z._values().device == torch.device("zion:2")
+        assert z.layout == torch.sparse_coo and z.dtype == cpu.dtype and z.shape == cpu.shape
+        assert (z.sparse_dim(), z.dense_dim(), z.is_coalesced()) == (cpu.sparse_dim(), cpu.dense_dim(),
+                                                                   cpu.is_coalesced())
+        assert torch.equal(z._indices().cpu(), cpu._indices()) and torch.equal(z._values().cpu(), cpu._values())
+        assert torch.equal(z.coalesce().to_dense().cpu(), cpu.coalesce().to_dense())
+        assert not z.requires_grad and z.grad_fn is None
+        torch.zion.synchronize(2)
+        held = torch.zion.memory_allocated(2)
+        values_bytes = z._values().untyped_storage().nbytes()
+        del bag, grads, z
+        assert torch.zion.memory_allocated(2) <= held - values_bytes

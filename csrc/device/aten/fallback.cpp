@@ -111,9 +111,9 @@ struct Call {
   AliasSet aliases;
   // alias -> the argument it stands for: taken from the boxed stack (owned),
   // or the caller's own argument (borrowed) on the unboxed path.
-  c10::SmallVector<std::pair<c10::TensorImpl*, c10::MaybeOwned<at::Tensor>>, 4> zion_of_alias;
+  c10::SmallVector<std::pair<c10::TensorImpl*, c10::MaybeOwned<at::Tensor>>, 8> zion_of_alias;
   c10::SmallVector<c10::StorageImpl*, 2> cpu_storages;                          // of CPU tensors passed through
-  c10::SmallVector<at::Tensor, 4> inputs;                                       // for pricing
+  c10::SmallVector<at::Tensor, 8> inputs;                                       // for pricing
   bool watch_autograd = false;  // an alias carries requires_grad (OpFacts::may_record_autograd)
 
   // The alias of `t`, which the caller keeps alive for the call.

@@ -26,11 +26,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
-#include <memory>
 #include <optional>
-#include <unordered_map>
 
 #include "device/aten/op_pricing.h"
 #include "device/runtime/runtime.h"
@@ -167,10 +166,11 @@ void keep_stand_in(at::Tensor&& t) {
 struct SparseCall {
   const c10::OperatorHandle& op;
   c10::DeviceIndex device = -1;
-  std::unique_ptr<AliasSet> aliases;
-  std::vector<at::Tensor> stand_ins;  // the CPU stand-ins of sparse arguments, kept as spares at the end
-  std::unordered_map<c10::TensorImpl*, at::Tensor> zion_of;  // CPU stand-in -> zion argument
-  std::vector<at::Tensor> inputs;
+  std::optional<AliasSet> aliases;
+  // Small vectors, searched linearly: an op has a handful of tensor arguments.
+  c10::SmallVector<at::Tensor, 2> stand_ins;  // the CPU stand-ins of sparse arguments, kept as spares at the end
+  c10::SmallVector<std::pair<c10::TensorImpl*, at::Tensor>, 4> zion_of;  // CPU stand-in -> zion argument
+  c10::SmallVector<at::Tensor, 4> inputs;
   std::optional<SparseTiming> timing;  // storage-less arguments (timing-only mode)
 
   SparseCall(const c10::OperatorHandle& op) : op(op) {}
@@ -179,11 +179,12 @@ struct SparseCall {
   // Before the aliases go: a stand-in kept as a spare first lets go of its aliases.
   ~SparseCall() {
     inputs.clear();
+    zion_of.clear();
     for (at::Tensor& t : stand_ins) keep_stand_in(std::move(t));
   }
 
   AliasSet& set() {
-    if (!aliases) aliases = std::make_unique<AliasSet>(device < 0 ? current_device() : device);
+    if (!aliases) aliases.emplace(device < 0 ? current_device() : device);
     return *aliases;
   }
 
@@ -194,21 +195,37 @@ struct SparseCall {
                 static_cast<int>(device), " and ", t.device(), "! (when checking arguments for ", op.schema().name(), ")");
     at::Tensor cpu;
     if (t.is_sparse()) {
-      at::Tensor values = timing && is_storage_less(t._values()) ? timing->zeros_for(t._values()) : set().alias(t._values());
-      TORCH_CHECK(!is_storage_less(t._indices()), "zion timing-only: ", op.schema().operator_name(),
+      // The impl's own fields, as _values(), _indices(), sparse_dim() ... return them, without a dispatch each.
+      const at::SparseTensorImpl* impl = at::sparse::get_sparse_impl(t);
+      const at::Tensor& zion_values = impl->values();
+      const at::Tensor& zion_indices = impl->indices();
+      at::Tensor values = timing && is_storage_less(zion_values) ? timing->zeros_for(zion_values) : set().alias(zion_values);
+      TORCH_CHECK(!is_storage_less(zion_indices), "zion timing-only: ", op.schema().operator_name(),
                   " needs the indices of a sparse tensor, and they were computed from storage-less floats");
-      const bool narrow = timing && timing->narrows(t._values());
-      const std::vector<int64_t> sizes = timing ? timing->narrowed(t.sizes(), narrow) : t.sizes().vec();
-      cpu = stand_in(t.sparse_dim(), t.dense_dim(), sizes, set().alias(t._indices()), values, t.is_coalesced());
+      at::Tensor indices = set().alias(zion_indices);
+      if (timing) {
+        const std::vector<int64_t> sizes = timing->narrowed(t.sizes(), timing->narrows(zion_values));
+        cpu = stand_in(impl->sparse_dim(), impl->dense_dim(), sizes, indices, values, impl->coalesced());
+      } else {
+        cpu = stand_in(impl->sparse_dim(), impl->dense_dim(), t.sizes(), indices, values, impl->coalesced());
+      }
       stand_ins.push_back(cpu);
     } else if (timing && is_storage_less(t)) {
       cpu = timing->zeros_for(t);
     } else {
       cpu = set().alias(t);
     }
-    zion_of.emplace(cpu.unsafeGetTensorImpl(), t);
+    zion_of.emplace_back(cpu.unsafeGetTensorImpl(), t);
     inputs.push_back(timing ? t : cpu);  // timing-only mode prices the zion tensors' full shapes
     return cpu;
+  }
+
+  // The zion argument `cpu` stands for, or null.
+  const at::Tensor* zion_argument(const c10::TensorImpl* cpu) const {
+    for (const auto& [stand_in, zion] : zion_of) {
+      if (stand_in == cpu) return &zion;
+    }
+    return nullptr;
   }
 
   // A result of a run on stand-ins: floats storage-less (D put back), integers real.
@@ -227,8 +244,8 @@ struct SparseCall {
 
   at::Tensor to_zion(const at::Tensor& t) {
     if (!t.defined() || !t.device().is_cpu()) return t;
-    if (auto it = zion_of.find(t.unsafeGetTensorImpl()); it != zion_of.end()) {
-      const at::Tensor& z = it->second;
+    if (const at::Tensor* zion = zion_argument(t.unsafeGetTensorImpl())) {
+      const at::Tensor& z = *zion;
       if (timing && z.is_sparse()) {
         at::Tensor fresh = timing_result(t);
         at::sparse::get_sparse_impl(z)->resize_(fresh.sparse_dim(), fresh.dense_dim(), fresh.sizes());
@@ -316,7 +333,7 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     call.device = call.timing->device;
   }
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // CPU stand-in, zion argument
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 1> written;  // CPU stand-in, zion argument
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = *(args + static_cast<std::ptrdiff_t>(i));
     if (v.isTensor()) {
@@ -339,7 +356,7 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.redispatchBoxed(c10::DispatchKeySet({c10::DispatchKey::CPU, c10::DispatchKey::SparseCPU}), stack);
     if (call.aliases) call.aliases->commit();
     for (auto& [cpu, zion] : written) call.to_zion(cpu);
-    std::vector<at::Tensor> outputs;
+    c10::SmallVector<at::Tensor, 2> outputs;
     const size_t num_returns = schema.returns().size();
     for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
       if (it->isTensor()) {
@@ -452,6 +469,38 @@ at::Tensor sparse_to_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceInd
   impl->set_indices_and_values_unsafe(indices, values);
   impl->set_coalesced(cpu->coalesced());
   return z;
+}
+
+at::Tensor sparse_to_zion(at::Tensor&& t, AliasSet& aliases, c10::DeviceIndex device) {
+  static const c10::DispatchKeySet zion_keys = [] {
+    c10::InferenceMode normal(false);
+    return at::detail::make_tensor<at::SparseTensorImpl>(c10::DispatchKeySet(c10::DispatchKey::SparsePrivateUse1),
+                                                         caffe2::TypeMeta::Make<float>())
+        .key_set();
+  }();
+  if (!unchanged_and_unshared(t, stand_in_keys())) return sparse_to_zion(static_cast<const at::Tensor&>(t), aliases, device);
+  // A fresh result that only `t` holds (an embedding bag's sparse gradient)
+  // becomes the zion tensor itself, rather than being wrapped anew: its
+  // indices and values move to zion as sparse_to_zion(const&) moves them,
+  // and its device and keys become a fresh sparse zion tensor's. Its dims,
+  // sizes and coalesced flag stay.
+  at::SparseTensorImpl* impl = at::sparse::get_sparse_impl(t);
+  at::Tensor indices = impl->indices();
+  at::Tensor values = impl->values();
+  const bool coalesced = impl->coalesced();
+  const c10::Device zion(c10::DeviceType::PrivateUse1, device);
+  // A sparse tensor has no storage, and TensorImpl takes a new device only
+  // with one: a bytes-less zion storage hands it over and goes again.
+  impl->set_storage_keep_dtype(c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), 0, c10::DataPtr(nullptr, zion), nullptr, false)));
+  impl->release_resources();  // the placeholder storage, indices and values: ours are then their only owners
+  impl->_change_backend_component_keys(zion);
+  TORCH_INTERNAL_ASSERT(impl->key_set() == zion_keys && impl->device() == zion && !impl->has_storage(),
+                        "zion: an adopted sparse result has keys ", impl->key_set(), " on ", impl->device(),
+                        ", not those of a fresh sparse tensor on ", zion, ": ", zion_keys);
+  impl->set_indices_and_values_unsafe(aliases.to_zion(std::move(indices)), aliases.to_zion(std::move(values)));
+  impl->set_coalesced(coalesced);
+  return std::move(t);
 }
 
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {

@@ -205,7 +205,8 @@ bool uniquely_owned_fresh(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor AliasSet::to_zion(at::Tensor&& out) {
-  if (!out.defined() || !out.device().is_cpu() || out.is_sparse() || out.layout() != c10::kStrided ||
+  if (out.defined() && out.device().is_cpu() && out.is_sparse()) return sparse_to_zion(std::move(out), *this, device_);
+  if (!out.defined() || !out.device().is_cpu() || out.layout() != c10::kStrided ||
       !uniquely_owned_fresh(out)) {
     return to_zion(static_cast<const at::Tensor&>(out));
   }

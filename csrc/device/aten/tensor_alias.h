@@ -50,8 +50,8 @@ class AliasSet {
 
  private:
   // An op touches a handful of storages: a linear search in place beats a
-  // hash map, and nothing is allocated for up to four of each.
-  using StorageMap = c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4>;
+  // hash map, and nothing is allocated for up to eight of each.
+  using StorageMap = c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 8>;
   static c10::Storage* find(StorageMap& map, const c10::StorageImpl* key);
 
   c10::DeviceIndex device_ = -1;
@@ -60,7 +60,7 @@ class AliasSet {
   StorageMap alias_of_;  // zion storage -> alias storage
   StorageMap zion_of_;   // alias storage -> zion storage
   StorageMap adopted_;   // fresh CPU storage -> zion storage
-  c10::SmallVector<at::Tensor, 4> made_;  // the aliases alias() made over a fresh alias storage
+  c10::SmallVector<at::Tensor, 8> made_;  // the aliases alias() made over a fresh alias storage (an embedding bag's backward: 7)
 };
 
 // One alias, for kernels that read a zion tensor once (copies, scalars).
