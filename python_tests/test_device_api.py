@@ -107,6 +107,22 @@ def test_current_stream_and_stream_context():
     assert torch.zion.current_device() == 0 and torch.zion.current_stream(6).stream_id == 0
 
 
+def test_a_stream_that_does_not_exist_is_refused_and_the_current_one_stays():
+    zion_type = torch.zion.current_stream().device_type  # torch.Stream's number for the zion backend
+    made = torch.zion.Stream(1)
+    for stream_id in (made.stream_id + 1, 1000, -3):
+        bogus = torch.Stream(stream_id=stream_id, device_index=1, device_type=zion_type)
+        with pytest.raises(RuntimeError, match=f"zion: stream {stream_id} does not exist on zion:1"):
+            torch.accelerator.set_stream(bogus)  # makes zion:1 current first, as torch documents
+        assert torch.zion.current_stream(1).stream_id == 0
+        torch.zion.set_device(0)
+    # A stream made there is taken, and the default stream (0), which every device has, again.
+    for stream in (made, torch.Stream(stream_id=0, device_index=1, device_type=zion_type)):
+        torch.accelerator.set_stream(stream)
+        assert torch.zion.current_device() == 1 and torch.zion.current_stream() == stream
+    torch.zion.set_device(0)
+
+
 def test_event_elapsed_time_is_modeled_milliseconds():
     a = torch.randn(512, 512, device="zion")
     torch.zion.synchronize()

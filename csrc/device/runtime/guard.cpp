@@ -27,7 +27,9 @@ c10::Stream current_stream(c10::DeviceIndex device) {
 
 c10::Stream exchange_stream(c10::Stream stream) {
   c10::Stream previous = current_stream(stream.device_index());
-  TORCH_CHECK(stream.id() >= 0 && stream.id() < runtime().timeline.streams(stream.device_index()),
+  // Every device has its default stream, 0: autograd's engine sets it around
+  // each node of a backward pass, and it needs no look at the timeline's streams.
+  TORCH_CHECK(stream.id() == 0 || (stream.id() > 0 && stream.id() < runtime().timeline.streams(stream.device_index())),
               "zion: stream ", stream.id(), " does not exist on zion:", static_cast<int>(stream.device_index()));
   t_current_stream.at(stream.device_index()) = stream.id();
   return previous;
