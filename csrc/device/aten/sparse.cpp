@@ -179,7 +179,6 @@ struct SparseCall {
   // Before the aliases go: a stand-in kept as a spare first lets go of its aliases.
   ~SparseCall() {
     inputs.clear();
-    zion_of.clear();
     for (at::Tensor& t : stand_ins) keep_stand_in(std::move(t));
   }
 
@@ -203,12 +202,10 @@ struct SparseCall {
       TORCH_CHECK(!is_storage_less(zion_indices), "zion timing-only: ", op.schema().operator_name(),
                   " needs the indices of a sparse tensor, and they were computed from storage-less floats");
       at::Tensor indices = set().alias(zion_indices);
-      if (timing) {
-        const std::vector<int64_t> sizes = timing->narrowed(t.sizes(), timing->narrows(zion_values));
-        cpu = stand_in(impl->sparse_dim(), impl->dense_dim(), sizes, indices, values, impl->coalesced());
-      } else {
-        cpu = stand_in(impl->sparse_dim(), impl->dense_dim(), t.sizes(), indices, values, impl->coalesced());
-      }
+      std::vector<int64_t> narrowed;  // timing-only mode: the sizes of the zero-filled values
+      if (timing) narrowed = timing->narrowed(t.sizes(), timing->narrows(zion_values));
+      const c10::IntArrayRef sizes = timing ? c10::IntArrayRef(narrowed) : t.sizes();
+      cpu = stand_in(impl->sparse_dim(), impl->dense_dim(), sizes, indices, values, impl->coalesced());
       stand_ins.push_back(cpu);
     } else if (timing && is_storage_less(t)) {
       cpu = timing->zeros_for(t);
