@@ -115,21 +115,24 @@ std::atomic<int64_t> g_formula_runs{0};
 struct Fp32Precision {
   sim::DType matmul = sim::DType::kFp32;
   sim::DType convolution = sim::DType::kFp32;
-  bool operator==(const Fp32Precision& o) const { return matmul == o.matmul && convolution == o.convolution; }
 };
 
-Fp32Precision read_fp32_precision() {
+sim::DType read_fp32_matmul_precision() {
   at::Context& ctx = at::globalContext();
-  Fp32Precision p;
-  p.matmul = ctx.allowTF32CuBLAS() ? sim::DType::kTf32 : sim::DType::kFp32;
+  sim::DType matmul = ctx.allowTF32CuBLAS() ? sim::DType::kTf32 : sim::DType::kFp32;
   try {
-    if (ctx.float32MatmulPrecision() == at::Float32MatmulPrecision::MEDIUM) p.matmul = sim::DType::kBf16;
+    if (ctx.float32MatmulPrecision() == at::Float32MatmulPrecision::MEDIUM) matmul = sim::DType::kBf16;
   } catch (const c10::Error&) {
     // Legacy and per-backend precision APIs mixed: torch has no single answer; the cuBLAS flag stands.
   }
-  p.convolution = ctx.allowTF32CuDNN(at::Float32Op::CONV) ? sim::DType::kTf32 : sim::DType::kFp32;
-  return p;
+  return matmul;
 }
+
+sim::DType read_fp32_convolution_precision() {
+  return at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) ? sim::DType::kTf32 : sim::DType::kFp32;
+}
+
+Fp32Precision read_fp32_precision() { return {read_fp32_matmul_precision(), read_fp32_convolution_precision()}; }
 
 void set_fp32_precision(sim::OpCall& call, const Fp32Precision& p) {
   call.fp32_matmul = p.matmul;
@@ -270,10 +273,18 @@ ThreadPricing& thread_pricing() {
   return state;
 }
 
-// A remembered price stands for the call if the settings it was priced under
-// still hold: they are read again for the ops they price.
+// A remembered price stands for the call if the setting it was priced under
+// still holds: a matmul-class op reads the matmul setting again, a
+// convolution the convolution setting; no other op depends on either.
 bool still_holds(const Price& p) {
-  return !priced_by_precision(p.cost.work.op_class) || read_fp32_precision() == p.precision;
+  switch (p.cost.work.op_class) {
+    case sim::OpClass::kMatmul:
+      return read_fp32_matmul_precision() == p.precision.matmul;
+    case sim::OpClass::kConvolution:
+      return read_fp32_convolution_precision() == p.precision.convolution;
+    default:
+      return true;
+  }
 }
 
 }  // namespace

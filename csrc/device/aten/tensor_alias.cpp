@@ -105,9 +105,10 @@ void keep_spare(at::Tensor&& alias, SpareAliases& spares) {
   spares.push_back(alias.getIntrusivePtr());
 }
 
-// A spare alias from `spares` made the alias of `zion_tensor`, or undefined if there is none.
+// A spare alias from `spares` made the alias of `zion_tensor`, or undefined if
+// there is none. Not in inference mode: a fresh alias there has other keys.
 at::Tensor reuse_spare(const at::Tensor& zion_tensor, SpareAliases& spares) {
-  if (spares.empty() || c10::InferenceMode::is_enabled()) return at::Tensor();
+  if (spares.empty()) return at::Tensor();
   at::Tensor alias(std::move(spares.back()));
   spares.pop_back();
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
@@ -138,8 +139,11 @@ at::Tensor AliasSet::alias(const at::Tensor& t) {
   c10::StorageImpl* zion = t.storage().unsafeGetStorageImpl();
   c10::Storage* a = find(alias_of_, zion);
   if (!a) {
-    if (!spares_) spares_ = &spare_aliases();
-    at::Tensor spare = reuse_spare(t, *spares_);
+    if (!spares_) {
+      spares_ = &spare_aliases();
+      reuse_spares_ = !c10::InferenceMode::is_enabled();
+    }
+    at::Tensor spare = reuse_spares_ ? reuse_spare(t, *spares_) : at::Tensor();
     c10::Storage fresh = spare.defined() ? spare.storage() : alias_storage(t.storage());
     zion_of_.emplace_back(fresh.unsafeGetStorageImpl(), t.storage());
     alias_of_.emplace_back(zion, std::move(fresh));

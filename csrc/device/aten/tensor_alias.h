@@ -57,6 +57,7 @@ class AliasSet {
   c10::DeviceIndex device_ = -1;
   // This thread's spare aliases, looked up at the first alias() (and not again on the way out).
   std::vector<c10::intrusive_ptr<c10::TensorImpl>>* spares_ = nullptr;
+  bool reuse_spares_ = false;  // outside inference mode, read with spares_ (an op does not change the mode)
   StorageMap alias_of_;  // zion storage -> alias storage
   StorageMap zion_of_;   // alias storage -> zion storage
   StorageMap adopted_;   // fresh CPU storage -> zion storage
