@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import zion_emu
 from zion_emu import ConfigError, astra, sim
-from processes import spawn, zion_emu_cli
+from processes import run_python, spawn, zion_emu_cli
 
 CLI_TIMEOUT_S = 120
 JOIN_TIMEOUT_S = 90
@@ -259,6 +259,36 @@ def test_set_platform_after_the_first_tensor_says_why_it_is_refused():
                                            r"allocated on the current platform 'zion'"):
         zion_emu.set_platform("hgx-h100")
     assert zion_emu.current_platform().name == "zion" and held.device.type == "zion"
+
+
+@pytest.mark.parametrize("hold", ["pinned", "socket"])
+def test_set_platform_with_host_memory_in_a_socket_pool_says_why_it_is_refused(hold):
+    # The new platform's socket pools start at zero: a buffer of the old ones
+    # freed after the switch would have counted them below zero.
+    out = run_python(f"""
+        import torch, zion_emu
+        from zion_emu import _C
+        if {hold!r} == "pinned":
+            held = torch.ones(1 << 10).pin_memory()
+        else:
+            with zion_emu.socket(1):
+                held = torch.ones(1 << 10)
+        try:
+            zion_emu.set_platform("zionex")
+        except RuntimeError as e:
+            print(str(e).splitlines()[0])
+        print(zion_emu.current_platform().name, held.sum().item())
+        del held
+        zion_emu.set_platform("zionex")
+        print(zion_emu.current_platform().name, min(_C.host_memory.stats(s)["in_use"] for s in range(_C.host_memory.sockets())))
+    """).stdout.splitlines()
+    assert out == [
+        "zion: set_platform must come before any pinned or socket-placed host memory is made; 4096 bytes are held in "
+        "the socket pools of the current platform 'zion' (pin_memory() buffers, tensors made under "
+        "zion_emu.socket(i)); free them first",
+        "zion 1024.0",
+        "zionex 0",
+    ]
 
 
 # -- op cost formulas -------------------------------------------------------

@@ -108,7 +108,9 @@ def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping
     """Makes ``platform`` (a preset name, a ``.json`` file or a loaded
     :class:`Platform`) the machine the zion device models; what
     ``ZION_PLATFORM`` does from the environment. Only before the first zion
-    tensor: the HBM pools of the old platform may not hold memory. Clocks,
+    tensor: the HBM pools of the old platform may not hold memory, nor may its
+    sockets' DDR pools (pinned buffers, tensors made under
+    :func:`zion_emu.socket`), whose counts start afresh too. Clocks,
     counters and streams start afresh; formulas registered with
     :func:`zion_emu.cost.register` carry over."""
     # The device module and the op cost registry sit above this module (they

@@ -214,4 +214,11 @@ int PinnedAllocator::sockets() const {
   return static_cast<int>(pools_.size());
 }
 
+int64_t PinnedAllocator::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t total = 0;
+  for (const SocketMemoryStats& p : pools_) total += p.in_use;
+  return total;
+}
+
 }  // namespace zion::device

@@ -49,6 +49,8 @@ class PinnedAllocator final : public c10::Allocator {
   // A checkpoint's statistics: the peak becomes at least `peak`, num_ooms is replaced.
   void restore_peak(int socket, int64_t peak, int64_t num_ooms);
   int sockets() const;
+  // Bytes in use over all sockets' pools (pinned buffers, tensors placed in a socket).
+  int64_t bytes_in_use() const;
   // Frees a buffer of the pools; false (and nothing done) for any other pointer.
   bool release(void* ptr);
   // Held across fork() (see runtime.h: fork safety).

@@ -123,6 +123,13 @@ void set_platform(const sim::Platform& platform) {
   TORCH_CHECK(allocator().bytes_in_use() == 0,
               "zion: set_platform must come before any zion tensor is made; ", allocator().bytes_in_use(),
               " bytes are allocated on the current platform '", g_runtime ? g_runtime->platform.name : "", "'");
+  // A pinned buffer or a tensor placed in a socket is counted in its socket's
+  // pool; freed after the pools were made afresh, it would count below zero.
+  const int64_t host_bytes = pinned_allocator().bytes_in_use();
+  TORCH_CHECK(host_bytes == 0, "zion: set_platform must come before any pinned or socket-placed host memory is made; ",
+              host_bytes, " bytes are held in the socket pools of the current platform '",
+              g_runtime ? g_runtime->platform.name : "",
+              "' (pin_memory() buffers, tensors made under zion_emu.socket(i)); free them first");
   if (g_runtime) g_retired.push_back(std::move(g_runtime));
   g_runtime = make_runtime(platform);
   allocator().configure(platform);
