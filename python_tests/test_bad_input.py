@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import zion_emu
 from zion_emu import ConfigError, astra, sim
-from processes import run_python, spawn, zion_emu_cli
+from processes import child_env, run_python, spawn, zion_emu_cli
 
 CLI_TIMEOUT_S = 120
 JOIN_TIMEOUT_S = 90
@@ -259,6 +259,30 @@ def test_set_platform_after_the_first_tensor_says_why_it_is_refused():
                                            r"allocated on the current platform 'zion'"):
         zion_emu.set_platform("hgx-h100")
     assert zion_emu.current_platform().name == "zion" and held.device.type == "zion"
+
+
+def test_an_allocation_the_host_refuses_is_a_clear_error_and_leaves_the_statistics_as_they_were():
+    # Under an address-space limit the host refuses a block the modeled pool
+    # has room for: the error says so, and nothing of the request stays
+    # counted (memory_allocated, the peaks, the allocation counts).
+    out = run_python("""
+        import resource, torch, zion_emu
+        x = torch.ones(4, device="zion")
+        vm = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+        before = torch.zion.memory_stats()
+        try:
+            torch.empty(4 << 30, dtype=torch.uint8, device="zion")
+        except RuntimeError as e:
+            print(str(e).splitlines()[0])
+        after = torch.zion.memory_stats()
+        print(sorted(k for k in before if before[k] != after[k]), torch.zion.memory_allocated())
+        print(torch.ones(2, device="zion").sum().item())
+    """, env=child_env(ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":allocator_may_return_null=1")).stdout.splitlines()
+    assert re.fullmatch(r"zion: zion:0 cannot back an allocation of 4\.00 GiB with host memory: the modeled HBM pool "
+                        r"has room, but the host refused the bytes \(.*can't allocate memory.*\)\. Real mode keeps "
+                        r"every byte of a zion tensor in host memory; .* Existing tensors are intact\.", out[0]), out[0]
+    assert out[1:] == ["[] 16", "2.0"]
 
 
 @pytest.mark.parametrize("hold", ["pinned", "socket"])

@@ -31,6 +31,16 @@ constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
 // The pool torch.cuda's caching allocator would serve a request from (see
 // kSmallPoolMaxBytes); the statistics split by it beside the aggregate, so
 // memory_stats' small_pool and large_pool keys add up to its all keys.
+// What real mode asks of the host, and what to do when the host cannot give it.
+constexpr const char* kRealModeHint =
+    "Real mode keeps every byte of a zion tensor in host memory; run with --timing-only (zion-emu run "
+    "--timing-only, or ZION_MODE=timing) to model it without host bytes. Existing tensors are intact.";
+
+std::string first_line(const char* text) {
+  const char* end = std::strchr(text, '\n');
+  return end ? std::string(text, end) : std::string(text);
+}
+
 size_t pool_of(size_t nbytes) {
   return static_cast<size_t>(nbytes <= kSmallPoolMaxBytes ? StatType::SMALL_POOL : StatType::LARGE_POOL);
 }
@@ -154,7 +164,7 @@ HbmSeries HbmAllocator::hbm_series(c10::DeviceIndex device, double now) const {
   return series_[device].at(now);
 }
 
-void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool series) {
+void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool hold) {
   std::unique_lock<std::mutex> lock(mutex_);
   void* bookkeeping = nullptr;
   if (spare_count_ > 0) {
@@ -166,7 +176,7 @@ void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool series)
   }
   Pool& p = pool_or_give_back(device, bookkeeping);
   auto& in_use = p.stats.allocated_bytes[kAggregate];
-  if (in_use.current + static_cast<int64_t>(nbytes) > p.capacity) {
+  if (in_use.current + p.held + static_cast<int64_t>(nbytes) > p.capacity) {
     p.stats.num_ooms += 1;
     give_back_locked(bookkeeping);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of HBM on zion:", static_cast<int>(device),
@@ -174,9 +184,28 @@ void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool series)
                      gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
                      gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
-  count(p.stats, nbytes, +1);
-  if (series) add_to_series_locked(device, static_cast<int64_t>(nbytes));
+  if (hold) {
+    p.held += static_cast<int64_t>(nbytes);
+  } else {
+    count(p.stats, nbytes, +1);
+    add_to_series_locked(device, static_cast<int64_t>(nbytes));
+  }
   return bookkeeping;
+}
+
+void HbmAllocator::commit_held(c10::DeviceIndex device, size_t nbytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device < static_cast<c10::DeviceIndex>(pools_.size())) {  // else the platform was replaced meanwhile
+    pools_[device].held -= static_cast<int64_t>(nbytes);
+    count(pools_[device].stats, nbytes, +1);
+  }
+  add_to_series_locked(device, static_cast<int64_t>(nbytes));
+}
+
+void HbmAllocator::release_held(c10::DeviceIndex device, size_t nbytes, void* bookkeeping) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device < static_cast<c10::DeviceIndex>(pools_.size())) pools_[device].held -= static_cast<int64_t>(nbytes);
+  give_back_locked(bookkeeping);
 }
 
 HbmAllocator::Pool& HbmAllocator::pool_or_give_back(c10::DeviceIndex device, void* bookkeeping) {
@@ -192,9 +221,9 @@ void HbmAllocator::give_back_locked(void* bookkeeping) {
   }
 }
 
-void* HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series) {
+void* HbmAllocator::reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool hold) {
   try {
-    return reserve(device, nbytes, series);
+    return reserve(device, nbytes, hold);
   } catch (const c10::OutOfMemoryError&) {
     // Outside the pool's lock: the memory history may take the GIL for the stack.
     memory_history().out_of_memory(device, nbytes, static_cast<int64_t>(getMemoryInfo(device).first));
@@ -213,29 +242,32 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   std::optional<HostMemoryLock> host_lock;
   if (nbytes >= kHostCheckBytes) host_lock.emplace();
   check_host_backing(device, nbytes);
-  // The series counts the bytes once the host has backed them, as the memory history does.
-  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/false);
+  // The statistics and the series count the bytes once the host has backed
+  // them, as the memory history does: until then they are held in the pool.
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/true);
   c10::Device where(c10::DeviceType::PrivateUse1, device);
   void* data = nullptr;
   try {
-    data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    data = c10::alloc_cpu(nbytes);
+  } catch (const c10::Error& e) {
+    release_held(device, nbytes, bookkeeping);
+    TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
+                gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room, but the host "
+                "refused the bytes (", first_line(e.what_without_backtrace()), "). ", kRealModeHint);
   } catch (...) {
-    ::operator delete(bookkeeping);
+    release_held(device, nbytes, bookkeeping);
     throw;
   }
   if (host_lock) touch_pages(data, nbytes);
   host_lock.reset();
-  if (nbytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    add_to_series_locked(device, static_cast<int64_t>(nbytes));
-  }
+  commit_held(device, nbytes);
   memory_history().allocated(device, data, nbytes);
   return {data, make_allocation(bookkeeping, device, nbytes, data, c10::DataPtr()), &delete_allocation, where};
 }
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
-  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/true);
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/false);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
   Allocation* allocation = make_allocation(bookkeeping, device, nbytes, nullptr, c10::DataPtr(), true);
   // No bytes, so the memory history knows it by its bookkeeping's address.
@@ -329,7 +361,7 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
     unchecked_bytes_ = 0;
     // Past the modeled capacity this is the modeled OOM, which reserve() raises.
     const Pool& p = pool(device);
-    if (p.stats.allocated_bytes[kAggregate].current + static_cast<int64_t>(nbytes) > p.capacity) return;
+    if (p.stats.allocated_bytes[kAggregate].current + p.held + static_cast<int64_t>(nbytes) > p.capacity) return;
   }
   const int64_t limit = host_bytes_available();
   if (limit < 0 || static_cast<int64_t>(nbytes) <= limit) return;
@@ -343,9 +375,7 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
   TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
               gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
               gib(used), " of ", gib(capacity), " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
-              " available to this process (MemAvailable less what its pools hold untouched). Real mode keeps "
-              "every byte of a zion tensor in host memory; run with --timing-only (zion-emu run --timing-only, or "
-              "ZION_MODE=timing) to model it without host bytes. Existing tensors are intact.");
+              " available to this process (MemAvailable less what its pools hold untouched). ", kRealModeHint);
 }
 
 bool timing_only() {
@@ -376,14 +406,15 @@ c10::Allocator& storage_less_allocator() {
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
   // On failure `bytes` is freed by its owner's deleter.
-  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*series=*/true);
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/true);
   void* data = bytes.get();
   try {
     memory_history().allocated(device, data, nbytes);
   } catch (...) {
-    ::operator delete(bookkeeping);
+    release_held(device, nbytes, bookkeeping);
     throw;
   }
+  commit_held(device, nbytes);
   return {data, make_allocation(bookkeeping, device, nbytes, nullptr, std::move(bytes)), &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }

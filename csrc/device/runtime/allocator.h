@@ -65,6 +65,9 @@ class HbmAllocator final : public c10::DeviceAllocator {
     // reserved, active and requested bytes, segments and active blocks, which
     // equal them in a pool without a cache (allocator.cpp).
     c10::CachingDeviceAllocator::DeviceStats stats;
+    // Reserved by allocate() while the host backs them: within the capacity,
+    // not yet in the statistics (a request the host refuses leaves no trace).
+    int64_t held = 0;
   };
   Pool& pool(c10::DeviceIndex device);
   // Real mode: raises a clear error (not the kernel's OOM killer later) if the
@@ -72,13 +75,18 @@ class HbmAllocator final : public c10::DeviceAllocator {
   void check_host_backing(c10::DeviceIndex device, size_t nbytes);
   static constexpr size_t kHostCheckBytes = size_t{64} << 20;
   size_t unchecked_bytes_ = 0;  // allocated since the last host check (under mutex_)
-  // Accounts `nbytes` (and, with `series`, adds them to the device's
-  // HbmSeries), or raises OutOfMemoryError. Returns the raw storage for the
-  // allocation's bookkeeping, a spare one or freshly allocated, which the
-  // caller constructs its bookkeeping in.
-  void* reserve(c10::DeviceIndex device, size_t nbytes, bool series);
+  // Accounts `nbytes` in the statistics and the device's HbmSeries, or, with
+  // `hold`, only holds them within the capacity until commit_held() or
+  // release_held(); raises OutOfMemoryError past the capacity. Returns the
+  // raw storage for the allocation's bookkeeping, a spare one or freshly
+  // allocated, which the caller constructs its bookkeeping in.
+  void* reserve(c10::DeviceIndex device, size_t nbytes, bool hold);
   // reserve, telling the memory history of an OOM.
-  void* reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool series);
+  void* reserve_or_record_oom(c10::DeviceIndex device, size_t nbytes, bool hold);
+  // Held bytes the host has backed: accounted as reserve() without `hold` does.
+  void commit_held(c10::DeviceIndex device, size_t nbytes);
+  // Held bytes the host refused: let go, with their bookkeeping; nothing is accounted.
+  void release_held(c10::DeviceIndex device, size_t nbytes, void* bookkeeping);
   // Under mutex_: pool(device), giving `bookkeeping` back first if it raises.
   Pool& pool_or_give_back(c10::DeviceIndex device, void* bookkeeping);
   // Under mutex_: keeps `bookkeeping` as a spare, or frees it.
