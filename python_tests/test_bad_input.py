@@ -99,12 +99,26 @@ def test_an_enumerated_field_lists_its_values():
     ("oam.hbm_bytes", -(1 << 30), r"'oam.hbm_bytes' must be a positive integer number of bytes, got -1073741824"),
     ("fabric.link_bandwidth_gb_per_s", 0, r"'fabric.link_bandwidth_gb_per_s' must be > 0, got 0"),
     ("upi.link_bandwidth_gb_per_s", -1, r"'upi.link_bandwidth_gb_per_s' must be > 0, got -1"),
-    ("oam.count", 0, r"'oam.count' must be an integer >= 1, got 0"),
-    ("nodes", -2, r"'nodes' must be an integer >= 1, got -2"),
+    ("oam.count", 0, r"'oam.count' must be an integer from 1 to 1073741824, got 0"),
+    ("nodes", -2, r"'nodes' must be an integer from 1 to 65536, got -2"),
 ])
 def test_zero_or_negative_capacities_counts_and_bandwidths_are_refused(field, value, message):
     with pytest.raises(ConfigError, match=message):
         zion_emu.load_platform("zion", overrides={field: value})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"nodes": 2147483647}, r"'nodes' must be an integer from 1 to 65536, got 2147483647"),
+    ({"nodes": 9000}, r"nodes x oam.count is 9000 x 8 = 72000 OAMs; at most 65536 are modeled"),
+    ({"socket.count": 100000}, r"nodes x socket.count is 1 x 100000 = 100000 sockets; at most 65536 are modeled"),
+    ({"collectives.pipeline_chunks": 10**9}, r"'collectives.pipeline_chunks' must be an integer from 1 to 1024, got "
+                                            r"1000000000"),
+])
+def test_a_machine_too_large_to_model_is_refused_with_the_bound(overrides, message):
+    # Past these sizes building the topology or a pipelined plan would run
+    # for minutes or exhaust memory instead of answering.
+    with pytest.raises(ConfigError, match=message):
+        zion_emu.load_platform("zion", overrides=overrides)
 
 
 def test_an_oam_list_naming_a_missing_oam_gives_the_allowed_range():

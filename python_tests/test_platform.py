@@ -137,3 +137,18 @@ def test_malformed_assignment():
 
 def test_presets_directory_holds_the_four_presets():
     assert {p.stem for p in PRESET_DIR.glob("*.json")} >= set(PRESETS)
+
+
+def test_a_platform_file_that_is_not_utf8_is_a_config_error_naming_the_file_and_the_bytes(tmp_path):
+    # The parser's message quotes the file's bytes; one that is not UTF-8 is
+    # written as \xNN so that the error reaches Python whole, as a ConfigError.
+    path = tmp_path / "latin.json"
+    path.write_bytes(b'{"base": "zion", "name": "caf\xe9"}')
+    with pytest.raises(ConfigError) as raised:
+        zion_emu.load_platform(str(path))
+    message = str(raised.value)
+    assert message.startswith(f"platform file '{path}' is not valid JSON: ")
+    assert "ill-formed UTF-8" in message and "'\"caf\\xe9\"'" in message
+    # Well-formed UTF-8 in a message is kept as it is.
+    with pytest.raises(ConfigError, match="^unknown platform 'café'; presets: "):
+        zion_emu.load_platform("café")

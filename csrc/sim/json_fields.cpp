@@ -77,12 +77,13 @@ double JsonFields::fraction(const std::string& key) {
   return x;
 }
 
-int JsonFields::integer(const std::string& key, int min_value) {
+int JsonFields::integer(const std::string& key, int min_value, int max_value) {
   const auto& value = get(key);
   if (!value.is_number_integer()) fail(key, "must be an integer, got " + describe_json_value(value));
   int64_t x = value.get<int64_t>();
-  if (x < min_value || x > (1 << 30)) {
-    fail(key, "must be an integer >= " + std::to_string(min_value) + ", got " + value.dump());
+  if (x < min_value || x > max_value) {
+    fail(key, "must be an integer from " + std::to_string(min_value) + " to " + std::to_string(max_value) + ", got " +
+                  value.dump());
   }
   return static_cast<int>(x);
 }

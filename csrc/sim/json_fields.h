@@ -24,7 +24,8 @@ class JsonFields {
   double positive(const std::string& key);     // > 0
   double non_negative(const std::string& key);  // >= 0
   double fraction(const std::string& key);      // in (0, 1]
-  int integer(const std::string& key, int min_value);
+  // An integer from `min_value` to `max_value` (a bound the model can still run in reasonable time).
+  int integer(const std::string& key, int min_value, int max_value = 1 << 30);
   int64_t bytes(const std::string& key);  // positive integer byte count
   bool boolean(const std::string& key);
   std::string text(const std::string& key);

@@ -19,6 +19,42 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+// The largest machine the model builds: its topology, routes and collective
+// plans grow with the OAMs and sockets, and at this size they still take
+// seconds (ASTRA-sim inputs have the same bound on NPUs).
+constexpr int kMaxModeledUnits = 65536;
+// NCCL pipelines a channel's buffer in 8 steps; far more chunks than that
+// only multiply the transfers a pipelined plan simulates.
+constexpr int kMaxPipelineChunks = 1024;
+
+// The length of the well-formed UTF-8 sequence at `s[i]` (RFC 3629: no
+// overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+size_t utf8_sequence_length(const std::string& s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b = byte(i);
+  if (b < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (b >= 0xC2 && b <= 0xDF) {
+    n = 2;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    n = 3;
+    if (b == 0xE0) lo = 0xA0;
+    if (b == 0xED) hi = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    n = 4;
+    if (b == 0xF0) lo = 0x90;
+    if (b == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
 std::mutex g_dirs_mutex;
 std::vector<std::string> g_default_dirs;  // empty: not set by the caller
 
@@ -297,7 +333,7 @@ void read_collectives(JsonFields& root, Platform& p) {
   }
   if (p.collectives.algorithms.empty()) c.fail("algorithms", "must list at least one algorithm for auto to choose from");
   p.collectives.base_latency = from_ns(c.non_negative("base_latency_ns"));
-  p.collectives.pipeline_chunks = c.integer("pipeline_chunks", 1);
+  p.collectives.pipeline_chunks = c.integer("pipeline_chunks", 1, kMaxPipelineChunks);
   JsonFields a = c.object("astra");
   p.collectives.astra.endpoint_delay = from_ns(a.non_negative("endpoint_delay_ns"));
   p.collectives.astra.preferred_dataset_splits = a.integer("preferred_dataset_splits", 1);
@@ -324,14 +360,28 @@ void read_collectives(JsonFields& root, Platform& p) {
   c.finish();
 }
 
+void check_machine_size(const Platform& p, const std::string& origin) {
+  const auto refuse_above = [&](const char* field, int per_node, const char* units) {
+    const int64_t total = static_cast<int64_t>(p.nodes) * per_node;
+    if (total > kMaxModeledUnits) {
+      throw ConfigError("platform " + origin + ": nodes x " + field + " is " + std::to_string(p.nodes) + " x " +
+                        std::to_string(per_node) + " = " + std::to_string(total) + " " + units + "; at most " +
+                        std::to_string(kMaxModeledUnits) + " are modeled");
+    }
+  };
+  refuse_above("oam.count", p.oam.count, "OAMs");
+  refuse_above("socket.count", p.socket.count, "sockets");
+}
+
 Platform parse(const json& doc, const std::string& origin) {
   JsonFields root(doc, "", origin);
   Platform p;
   p.name = root.text("name");
   p.description = root.text("description");
-  p.nodes = root.integer("nodes", 1);
+  p.nodes = root.integer("nodes", 1, kMaxModeledUnits);
   read_socket_and_upi(root, p);
   read_oam(root, p);
+  check_machine_size(p, origin);
   read_nics(root, p);
   read_pcie(root, p);
   read_fabric(root, p);
@@ -411,6 +461,27 @@ Platform load_platform(const std::string& name_or_path, const std::vector<Overri
                       "start it with {\"base\": \"zion\", ...} (or another preset)");
   }
 }
+
+std::string escape_invalid_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence_length(text, i);
+    if (n) {
+      out.append(text, i, n);
+      i += n;
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      const auto b = static_cast<unsigned char>(text[i++]);
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 0xF];
+    }
+  }
+  return out;
+}
+
+ConfigError::ConfigError(const std::string& what) : std::invalid_argument(escape_invalid_utf8(what)) {}
 
 Platform platform_from_json_text(const std::string& text, const std::string& origin) {
   json doc;

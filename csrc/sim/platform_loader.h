@@ -15,10 +15,15 @@
 
 namespace zion::sim {
 
+// A message may quote a user's file; bytes that are not UTF-8 are written as
+// \xNN, so the message reaches Python (and any UTF-8 terminal) intact.
 class ConfigError : public std::invalid_argument {
  public:
-  using std::invalid_argument::invalid_argument;
+  explicit ConfigError(const std::string& what);
 };
+
+// `text` with every byte that is not part of a well-formed UTF-8 sequence written as \xNN.
+std::string escape_invalid_utf8(const std::string& text);
 
 // A dotted field path ("oam.peak_flops.bf16", "pcie.switches.0.oams") and a
 // value. The value is JSON text; text that is not valid JSON is taken as a
