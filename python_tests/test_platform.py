@@ -130,6 +130,16 @@ def test_a_file_that_is_its_own_base_is_a_cycle(tmp_path):
         zion_emu.load_platform(str(f))
 
 
+def test_a_cycle_through_two_files_names_every_file_of_it(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"base": "b.json"}))
+    b.write_text(json.dumps({"base": "a.json"}))
+    with pytest.raises(ConfigError) as raised:
+        zion_emu.load_platform(str(a))
+    assert str(raised.value) == (f"platform file '{a}' is its own base, through a cycle of \"base\": '{a}' -> '{b}' -> "
+                                 f"'{a}'")
+
+
 def test_malformed_assignment():
     with pytest.raises(ConfigError, match="path.to.field=value"):
         zion_emu.load_platform("zion", assignments=["fabric.topology"])

@@ -102,13 +102,22 @@ void merge_into(json& base, const json& top) {
   }
 }
 
+// `chain`: the files read so far, each the base of the one before it, as
+// (canonical path, path as named).
+using BaseChain = std::vector<std::pair<std::string, std::string>>;
+
 json load_merged(const std::string& name_or_path, const std::vector<std::string>& dirs,
-                 const fs::path& relative_to, std::set<std::string>& seen, bool* has_base = nullptr) {
+                 const fs::path& relative_to, BaseChain& chain, bool* has_base = nullptr) {
   fs::path path = resolve(name_or_path, dirs, relative_to);
   std::string key = fs::weakly_canonical(path).string();
-  if (!seen.insert(key).second) {
-    throw ConfigError("platform file '" + path.string() + "' names itself as a base (a cycle of \"base\")");
+  const auto again = std::find_if(chain.begin(), chain.end(), [&](const auto& link) { return link.first == key; });
+  if (again != chain.end()) {
+    std::string cycle;
+    for (auto it = again; it != chain.end(); ++it) cycle += "'" + it->second + "' -> ";
+    throw ConfigError("platform file '" + path.string() + "' is its own base, through a cycle of \"base\": " + cycle +
+                      "'" + path.string() + "'");
   }
+  chain.emplace_back(key, path.string());
   json doc = read_json_file(path);
   if (!doc.is_object()) {
     throw ConfigError("platform file '" + path.string() + "' must hold a JSON object, got " + doc.type_name());
@@ -119,7 +128,7 @@ json load_merged(const std::string& name_or_path, const std::vector<std::string>
   if (!base_it->is_string()) {
     throw ConfigError("platform file '" + path.string() + "': field 'base' must be a preset name or a path");
   }
-  json merged = load_merged(base_it->get<std::string>(), dirs, path.parent_path(), seen);
+  json merged = load_merged(base_it->get<std::string>(), dirs, path.parent_path(), chain);
   doc.erase("base");
   merge_into(merged, doc);
   return merged;
@@ -446,9 +455,9 @@ std::vector<std::string> preset_names(const std::vector<std::string>& dirs) {
 
 Platform load_platform(const std::string& name_or_path, const std::vector<Override>& overrides,
                        const std::vector<std::string>& dirs) {
-  std::set<std::string> seen;
+  BaseChain chain;
   bool has_base = false;
-  json doc = load_merged(name_or_path, dirs, {}, seen, &has_base);
+  json doc = load_merged(name_or_path, dirs, {}, chain, &has_base);
   std::string origin = "'" + name_or_path + "'";
   for (const auto& ov : overrides) apply_override(doc, ov, origin);
   try {
