@@ -299,6 +299,21 @@ def test_an_allocation_the_host_refuses_is_a_clear_error_and_leaves_the_statisti
     assert out[1:] == ["[] 16", "2.0"]
 
 
+def test_an_out_of_memory_message_writes_each_size_in_a_unit_that_shows_it():
+    # A 1 MiB pool: in GiB every figure of the message read 0.00.
+    out = run_python("""
+        import torch, zion_emu
+        zion_emu.set_platform("zion", overrides={"oam.hbm_bytes": 1 << 20})
+        held = torch.empty(1000, dtype=torch.uint8, device="zion")
+        try:
+            torch.empty(3 << 19, dtype=torch.uint8, device="zion")
+        except torch.OutOfMemoryError as e:
+            print(str(e).splitlines()[0])
+    """).stdout.splitlines()
+    assert out == ["zion: out of HBM on zion:0. Tried to allocate 1.50 MiB (1572864 bytes); 1000 bytes of its 1.00 MiB "
+                   "HBM capacity are in use (1023.02 KiB free). Existing tensors are intact."]
+
+
 @pytest.mark.parametrize("hold", ["pinned", "socket"])
 def test_set_platform_with_host_memory_in_a_socket_pool_says_why_it_is_refused(hold):
     # The new platform's socket pools start at zero: a buffer of the old ones

@@ -109,13 +109,21 @@ double host_now() {
   return rt ? rt->timeline.host() : 0.0;
 }
 
-std::string gib(int64_t bytes) {
+}  // namespace
+
+std::string format_size(int64_t bytes) {
+  if (bytes > -1024 && bytes < 1024) return std::to_string(bytes) + " bytes";
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (unit < 2 && (value >= 1024 || value <= -1024)) {
+    value /= 1024;
+    ++unit;
+  }
   char text[64];
-  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  std::snprintf(text, sizeof text, "%.2f %s", value, kUnits[unit]);
   return text;
 }
-
-}  // namespace
 
 HbmAllocator& allocator() {
   static HbmAllocator instance;
@@ -180,9 +188,9 @@ void* HbmAllocator::reserve(c10::DeviceIndex device, size_t nbytes, bool hold) {
     p.stats.num_ooms += 1;
     give_back_locked(bookkeeping);
     TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of HBM on zion:", static_cast<int>(device),
-                     ". Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
-                     gib(in_use.current), " of its ", gib(p.capacity), " HBM capacity are in use (",
-                     gib(p.capacity - in_use.current), " free). Existing tensors are intact.");
+                     ". Tried to allocate ", format_size(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
+                     format_size(in_use.current), " of its ", format_size(p.capacity), " HBM capacity are in use (",
+                     format_size(p.capacity - in_use.current), " free). Existing tensors are intact.");
   }
   if (hold) {
     p.held += static_cast<int64_t>(nbytes);
@@ -252,8 +260,8 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   } catch (const c10::Error& e) {
     release_held(device, nbytes, bookkeeping);
     TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
-                gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room, but the host "
-                "refused the bytes (", first_line(e.what_without_backtrace()), "). ", kRealModeHint);
+                format_size(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room, but "
+                "the host refused the bytes (", first_line(e.what_without_backtrace()), "). ", kRealModeHint);
   } catch (...) {
     release_held(device, nbytes, bookkeeping);
     throw;
@@ -373,8 +381,9 @@ void HbmAllocator::check_host_backing(c10::DeviceIndex device, size_t nbytes) {
     capacity = p.capacity;
   }
   TORCH_CHECK(false, "zion: zion:", static_cast<int>(device), " cannot back an allocation of ",
-              gib(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
-              gib(used), " of ", gib(capacity), " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
+              format_size(static_cast<int64_t>(nbytes)), " with host memory: the modeled HBM pool has room (",
+              format_size(used), " of ", format_size(capacity), " in use), but this host has ",
+              format_size(std::max<int64_t>(limit, 0)),
               " available to this process (MemAvailable less what its pools hold untouched). ", kRealModeHint);
 }
 

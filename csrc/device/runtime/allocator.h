@@ -9,6 +9,7 @@
 #include <c10/core/Storage.h>
 
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -199,5 +200,9 @@ class KernelHostMemory final : public c10::Allocator {
 };
 
 KernelHostMemory& kernel_host_memory();
+
+// A byte count as torch.cuda's messages write one: bytes below 1 KiB, then
+// KiB, MiB or GiB with two decimals.
+std::string format_size(int64_t bytes);
 
 }  // namespace zion::device

@@ -19,12 +19,6 @@ namespace {
 // CPU allocator's do), so raw_allocate / raw_deleter work on them.
 void delete_pooled(void* ptr) { pinned_allocator().release(ptr); }
 
-std::string gib(int64_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-  return text;
-}
-
 }  // namespace
 
 PinnedAllocator& pinned_allocator() {
@@ -81,9 +75,10 @@ c10::DataPtr PinnedAllocator::allocate_on(int socket, size_t nbytes, bool pinned
     SocketMemoryStats& p = pools_[socket];
     if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) {
       p.num_ooms += 1;
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of DDR on socket ", socket, " (", pinned ? "pinned" : "pageable",
-                       " host memory). Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ",
-                       gib(p.in_use), " of its ", gib(p.capacity), " DDR capacity are in use. Existing buffers are intact.");
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of DDR on socket ", socket, " (",
+                       pinned ? "pinned" : "pageable", " host memory). Tried to allocate ",
+                       format_size(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ", format_size(p.in_use),
+                       " of its ", format_size(p.capacity), " DDR capacity are in use. Existing buffers are intact.");
     }
     p.in_use += static_cast<int64_t>(nbytes);
     p.peak = std::max(p.peak, p.in_use);
@@ -111,8 +106,9 @@ void PinnedAllocator::reserve(int socket, size_t nbytes) {
   if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) {
     p.num_ooms += 1;
     TORCH_CHECK_WITH(OutOfMemoryError, false, "zion: out of DDR on socket ", socket,
-                     " (pageable host memory, timing-only). Tried to allocate ", gib(static_cast<int64_t>(nbytes)), " (",
-                     nbytes, " bytes); ", gib(p.in_use), " of its ", gib(p.capacity),
+                     " (pageable host memory, timing-only). Tried to allocate ",
+                     format_size(static_cast<int64_t>(nbytes)), " (", nbytes, " bytes); ", format_size(p.in_use),
+                     " of its ", format_size(p.capacity),
                      " DDR capacity are in use. Existing buffers are intact.");
   }
   p.in_use += static_cast<int64_t>(nbytes);
@@ -136,9 +132,10 @@ void PinnedAllocator::check_host_backing(int socket, size_t nbytes) {
   if (p.in_use + static_cast<int64_t>(nbytes) > p.capacity) return;
   const int64_t limit = host_bytes_available();
   if (limit < 0 || static_cast<int64_t>(nbytes) <= limit) return;
-  TORCH_CHECK(false, "zion: socket ", socket, " cannot back an allocation of ", gib(static_cast<int64_t>(nbytes)),
-              " with host memory: the modeled DDR pool has room (", gib(p.in_use), " of ", gib(p.capacity),
-              " in use), but this host has ", gib(std::max<int64_t>(limit, 0)),
+  TORCH_CHECK(false, "zion: socket ", socket, " cannot back an allocation of ",
+              format_size(static_cast<int64_t>(nbytes)), " with host memory: the modeled DDR pool has room (",
+              format_size(p.in_use), " of ", format_size(p.capacity), " in use), but this host has ",
+              format_size(std::max<int64_t>(limit, 0)),
               " available to this process. Tensors in a socket's DDR are CPU tensors with host bytes; with --timing-only "
               "(ZION_MODE=timing) the floating-point ones have none. Existing buffers are intact.");
 }
