@@ -7,6 +7,7 @@ connected; launch overhead 5 us.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import textwrap
@@ -17,6 +18,8 @@ import pytest
 
 from processes import PYTHON, REPO, alive, child_env, finish, run, started, torchrun, zion_emu_cli
 from zion_emu import report as rep
+from zion_emu.__main__ import main
+from zion_emu.cli import run as launcher
 from zion_emu.cli.sweep import split_values, variants
 
 TRAIN = """
@@ -238,11 +241,104 @@ def test_ctrl_c_on_a_two_rank_run_writes_the_partial_report_and_trace_and_leaves
 def test_run_rejects_bad_arguments_clearly(tmp_path):
     r = zion_emu_cli("run", str(tmp_path / "missing.py"), check=False)
     assert r.returncode == 2 and "does not exist" in r.stderr
+    (tmp_path / "folder.py").mkdir()
+    r = zion_emu_cli("run", str(tmp_path / "folder.py"), check=False)
+    assert r.returncode == 2 and f"script '{tmp_path / 'folder.py'}' is a directory, not a file" in r.stderr
     script = write(tmp_path, "s.py", "print('hi')\n")
     r = zion_emu_cli("run", "--nproc", "9", str(script), check=False)
     assert r.returncode == 2 and "8" in r.stderr and "--nnodes" in r.stderr
     r = zion_emu_cli("run", "--set", "fabric.no_such_field=1", str(script), check=False)
     assert r.returncode == 2 and "no_such_field" in r.stderr
+
+
+class Started(Exception):
+    """The ranks would have started: every check passed."""
+
+
+def _refusal(monkeypatch, capsys, *argv):
+    """`zion-emu run ARGV` in this process, which must refuse before any rank
+    starts; returns its one line on stderr."""
+    def start(*_args, **_kwargs):
+        raise Started
+
+    monkeypatch.setattr(launcher, "start", start)
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("zion-emu: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--report", "s.py"], "--report s.py is the same file as the script s.py"),
+    (["--report", "same.json", "--trace", "same.json"], "--trace same.json is the same file as --report same.json"),
+    (["--html", "link.py"], "--html link.py is the same file as the script s.py"),  # a symbolic link to it
+    (["--plot", "hard.png"], "--plot hard.png is the same file as the script s.py"),  # a hard link to it
+    (["--platform", "p.json", "--report", "p.json"], "--report p.json is the same file as --platform p.json"),
+])
+def test_an_output_over_the_script_another_output_or_the_platform_file_is_refused_before_it_starts(
+        tmp_path, monkeypatch, capsys, args, problem):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("print('never runs')\n")
+    (tmp_path / "p.json").write_text('{"base": "zion"}')
+    (tmp_path / "link.py").symlink_to("s.py")
+    os.link(tmp_path / "s.py", tmp_path / "hard.png")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    err = _refusal(monkeypatch, capsys, *args, "s.py")
+    assert problem in err and "give " in err, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_an_output_over_the_zion_platform_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("print('never runs')\n")
+    (tmp_path / "p.json").write_text('{"base": "zion"}')
+    monkeypatch.setenv("ZION_PLATFORM", "p.json")
+    assert "--trace p.json is the same file as $ZION_PLATFORM p.json" in _refusal(
+        monkeypatch, capsys, "--trace", "p.json", "s.py")
+    assert (tmp_path / "p.json").read_text() == '{"base": "zion"}'
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--nnodes", "0"], "--nnodes must be at least 1, got 0"),
+    (["--nnodes", "abc"], "--nnodes: invalid int value: 'abc'"),
+    (["--nnodes", "2:1"], "--nnodes: invalid int value: '2:1'"),
+    (["--nnodes", "2", "--node-rank", "5", "--master-port", "29500"],
+     "--node-rank 5 is not a node of --nnodes 2: give 0..1"),
+    (["--node-rank", "-1"], "--node-rank -1 is not a node of --nnodes 1"),
+    (["--nnodes", "3", "--set", "nodes=2"],
+     r"--nnodes 3 needs 3 node\(s\), but platform 'zionex' has 2.*--set nodes=3"),
+    (["--nnodes", "2"], "--nnodes 2 needs --master-port"),  # each node would pick a port of its own
+    (["--master-port", "70000"], "--master-port must be a port number 1..65535, got 70000"),
+])
+def test_bad_node_options_are_refused_before_torchrun_waits_for_nodes(tmp_path, monkeypatch, capsys, args, problem):
+    script = tmp_path / "s.py"
+    script.write_text("print('never runs')\n")
+    err = _refusal(monkeypatch, capsys, "--platform", "zionex", *args, str(script))
+    assert re.search(problem, err), err
+
+
+def test_a_bad_plot_format_is_refused_before_it_starts_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("print('never runs')\n")
+    err = _refusal(monkeypatch, capsys, "--plot", "keep.xyz", "--html", "keep.html", "s.py")
+    assert "unknown image format 'xyz'; use one of" in err and "png" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
+
+
+def test_one_node_of_a_multi_node_run_passes_the_checks_and_tells_torchrun_its_place(tmp_path, monkeypatch):
+    script = tmp_path / "s.py"
+    script.write_text("print('never runs')\n")
+    commands = []
+
+    def start(args, run_dir, stdout=None, world=None):
+        commands.append(launcher.command(args, run_dir, world))
+        raise Started
+
+    monkeypatch.setattr(launcher, "start", start)
+    with pytest.raises(Started):
+        main(["run", "--platform", "zionex", "--nnodes", "16", "--node-rank", "15", "--master-port", "29511",
+              "--report", str(tmp_path / "r.json"), "--plot", str(tmp_path / "u.png"), str(script)])
+    assert {"--nnodes=16", "--node-rank=15", "--master-port=29511"} <= set(commands[0])
 
 
 def test_sweep_values_split_at_top_level_commas():

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
+from zion_emu.cli.plot import check_writable
 from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
 
 # The mode every rank runs in: real (unset) or timing-only ("timing").
@@ -52,10 +53,12 @@ def add_run_arguments(p: argparse.ArgumentParser, with_platform: bool = True, te
     p.add_argument("--nproc", type=number, default=None, metavar="N",
                    help="ranks on this node (torchrun --nproc-per-node; default 1); each uses zion:LOCAL_RANK")
     if not launch_only:
-        p.add_argument("--nnodes", default="1", metavar="N", help="nodes of the run (torchrun --nnodes)")
-        p.add_argument("--node-rank", type=int, default=0, help="this node's rank (torchrun --node-rank)")
+        p.add_argument("--nnodes", type=int, default=1, metavar="N",
+                       help="nodes of the run, at most the platform's (torchrun --nnodes)")
+        p.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..N-1 (torchrun --node-rank)")
         p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (torchrun --master-addr)")
-        p.add_argument("--master-port", type=int, default=None, help="rendezvous port (default: a free one)")
+        p.add_argument("--master-port", type=int, default=None,
+                       help="rendezvous port, the same on every node (default on one node: a free one)")
     p.add_argument("--cuda-compat", action="store_true",
                    help="run a script written for CUDA unmodified: cuda devices, torch.cuda.* and nccl map to zion")
     p.add_argument("--timing-only", action="store_true",
@@ -169,13 +172,9 @@ def _world(args: argparse.Namespace, platform: Any) -> World | None:
     if args.nproc is not None:
         raise CliError("--world-size and --nproc exclude each other: the processes are the --ranks "
                        "(default: every rank of the world)")
-    if str(args.nnodes) != "1" or args.node_rank != 0:
+    if args.nnodes != 1 or args.node_rank != 0:
         raise CliError("--world-size runs its ranks on this host; leave out --nnodes and --node-rank")
-    nodes = math.ceil(n / per_node)
-    if platform.nodes < nodes:
-        raise CliError(f"--world-size {n} needs {nodes} node(s) of {per_node} devices, but platform "
-                       f"'{platform.name}' has {platform.nodes}; choose a platform with more nodes "
-                       f"(--platform zionex has 16) or add --set nodes={nodes}")
+    _check_platform_nodes(platform, math.ceil(n / per_node), f"--world-size {n}", f" of {per_node} devices")
     world = World(n, parse_ranks(args.ranks, n) if args.ranks is not None else list(range(n)), per_node)
     if world.absent:
         if not args.timing_only:
@@ -189,34 +188,84 @@ def _world(args: argparse.Namespace, platform: Any) -> World | None:
     return world
 
 
+def _check_platform_nodes(platform: Any, nodes: int, option: str, of: str = "") -> None:
+    """Refuses ``option`` when it needs more nodes than the platform has."""
+    if platform.nodes < nodes:
+        raise CliError(f"{option} needs {nodes} node(s){of}, but platform '{platform.name}' has {platform.nodes}; "
+                       f"choose a platform with more nodes (--platform zionex has 16) or add --set nodes={nodes}")
+
+
 def _nproc(args: argparse.Namespace) -> int:
     return 1 if args.nproc is None else args.nproc
 
 
-def _check(args: argparse.Namespace, platform: Any) -> World | None:
-    if not Path(args.script).is_file():
-        raise CliError(f"script '{args.script}' does not exist")
+def check(args: argparse.Namespace, platform: Any) -> World | None:
+    """What a run refuses before anything starts (``zion-emu sweep`` asks it
+    of every variant); the world of a --world-size run, else None."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise CliError(f"script '{args.script}' " + ("is a directory, not a file" if script.is_dir() else
+                                                    "does not exist"))
     world = _world(args, platform)
-    if world is not None:
-        _check_outputs(args)
-        return world
-    nproc = _nproc(args)
-    if nproc < 1:
-        raise CliError(f"--nproc must be at least 1, got {nproc}")
-    if nproc > platform.devices_per_node:
-        raise CliError(f"--nproc {args.nproc} is more ranks than platform '{platform.name}' has devices per node "
-                       f"({platform.devices_per_node}); use --nnodes for more nodes")
-    _check_outputs(args)
-    return None
+    if world is None:
+        nproc = _nproc(args)
+        if nproc < 1:
+            raise CliError(f"--nproc must be at least 1, got {nproc}")
+        if nproc > platform.devices_per_node:
+            raise CliError(f"--nproc {args.nproc} is more ranks than platform '{platform.name}' has devices per "
+                           f"node ({platform.devices_per_node}); use --nnodes for more nodes")
+    _check_nodes(args, platform)
+    _check_outputs(args, platform)
+    return world
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
+def _check_nodes(args: argparse.Namespace, platform: Any) -> None:
+    """The nodes and their rendezvous, before torchrun would wait for nodes
+    that never come."""
+    if args.nnodes < 1:
+        raise CliError(f"--nnodes must be at least 1, got {args.nnodes}")
+    _check_platform_nodes(platform, args.nnodes, f"--nnodes {args.nnodes}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise CliError(f"--node-rank {args.node_rank} is not a node of --nnodes {args.nnodes}: "
+                       f"give 0..{args.nnodes - 1}")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise CliError(f"--master-port must be a port number 1..65535, got {args.master_port}")
+    if args.nnodes > 1 and args.master_port is None:
+        raise CliError(f"--nnodes {args.nnodes} needs --master-port: every node meets node 0 at that port of "
+                       "--master-addr")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same path once links
+    are resolved, or, where both exist, the same file (hard links)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_outputs(args: argparse.Namespace, platform: Any) -> None:
+    """Refuses an output that is a directory, the script, the platform file
+    or another output, and a plot in a format matplotlib does not write."""
     if args.samples_per_iteration is not None and args.samples_per_iteration <= 0:
         raise CliError(f"--samples-per-iteration must be positive, got {args.samples_per_iteration}")
-    for path, what in ((args.report, "--report"), (args.trace, "--trace"), (args.plot, "--plot"),
-                       (args.html, "--html")):
-        if path and Path(path).is_dir():
+    outputs = [(what, path) for what, path in (("--report", args.report), ("--trace", args.trace),
+                                               ("--plot", args.plot), ("--html", args.html)) if path]
+    files = [("the script", args.script)]
+    if Path(platform.origin).is_file():
+        files.append(("--platform" if args.platform else "$ZION_PLATFORM", platform.origin))
+    for what, path in outputs:
+        if Path(path).is_dir():
             raise CliError(f"{what} {path} is a directory; give a file name")
+        for other, other_path in files:
+            if _same_file(path, other_path):
+                raise CliError(f"{what} {path} is the same file as {other} {other_path}, which it would "
+                               f"overwrite; give {what} another file name")
+        files.append((what, path))
+    if args.plot:
+        check_writable(args.plot)
 
 
 def command(args: argparse.Namespace, run_dir: Path, world: World | None = None) -> list[str]:
@@ -224,8 +273,8 @@ def command(args: argparse.Namespace, run_dir: Path, world: World | None = None)
     torchrun's launcher even for one process: its store is the agent's, which
     no rank of the world has to host."""
     rank_main = [sys.executable, "-m", "zion_emu.launch", args.script, *args.script_args]
-    nproc, nnodes, node_rank = (len(world.ranks), "1", 0) if world else (_nproc(args), str(args.nnodes), args.node_rank)
-    if world is None and nproc == 1 and nnodes == "1":
+    nproc, nnodes, node_rank = (len(world.ranks), 1, 0) if world else (_nproc(args), args.nnodes, args.node_rank)
+    if world is None and nproc == 1 and nnodes == 1:
         return rank_main
     return [sys.executable, "-m", "zion_emu.cli.agent", f"--nproc-per-node={nproc}",
             f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={args.master_addr}",
@@ -249,7 +298,7 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: Wo
         # What torchrun sets when it is unset, said here so that it does not
         # print its banner about it on every run.
         env.setdefault("OMP_NUM_THREADS", "1")
-    if str(args.nnodes) == "1" and args.master_addr in ("127.0.0.1", "localhost"):
+    if args.nnodes == 1 and args.master_addr in ("127.0.0.1", "localhost"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
     # Its own process group: a Ctrl-C reaches this process alone, which passes
     # it on once to the child (see wait).
@@ -345,7 +394,7 @@ def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | N
     """Runs the script as the arguments say; returns (report, exit code).
     ``stdout``: where the script's output goes (default: this process's)."""
     platform = platform_from(args)
-    world = _check(args, platform)
+    world = check(args, platform)
     run_dir = Path(tempfile.mkdtemp(prefix="zion-run-"))
     try:
         (run_dir / "platform.json").write_text(json.dumps(platform.fields))
