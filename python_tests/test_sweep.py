@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from zion_emu import report as rep
+from zion_emu.__main__ import main
 from zion_emu.report_text import format_text
 from zion_emu.cli import CliError
 from zion_emu.cli import sweep
@@ -117,6 +118,66 @@ def test_bad_sweeps_stop_before_anything_runs(tmp_path: Path) -> None:
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "[1/" not in done.stdout  # nothing ran
 
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--vary", "nproc=1,0"], "variant nproc=0: --nproc must be at least 1, got 0; nothing ran"),
+    (["--vary", "nproc=1,9"], "variant nproc=9: --nproc 9 is more ranks than platform 'zion' has devices per node "
+                              "(8)"),
+    (["--set", "fabric.topology=ring,triangle"], "variant fabric.topology=triangle: platform 'zion': field "
+                                                 "'fabric.topology' is \"triangle\" (string); allowed: "),
+    (["--set", "fabric.link_bandwidth_gb_per_s=25,-1"], "variant fabric.link_bandwidth_gb_per_s=-1: platform "
+                                                        "'zion': field 'fabric.link_bandwidth_gb_per_s' must be > "
+                                                        "0, got -1"),
+    (["--plot", "rows.xyz"], "unknown image format 'xyz'; use one of "),
+    (["--report", "r.json"], "argument --report: a sweep writes no report or trace of its own: --json OUT.json "
+                             "writes its rows and --html OUT.html every variant's report"),
+    (["--trace", "t.json"], "run it alone with `zion-emu run --trace OUT.json`"),
+], ids=["nproc-0", "nproc-over-devices", "topology", "bandwidth", "plot-format", "report", "trace"])
+def test_a_bad_variant_or_output_is_refused_before_any_variant_runs(
+        argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad value listed after a good one (which must not run first), or a
+    file a sweep does not write, is refused; the --json file keeps what it had."""
+    monkeypatch.chdir(tmp_path)
+    Path("s.py").write_text("print('ran')\n")
+    Path("rows.json").write_text('"what the user had"')
+    assert main(["sweep", "--platform", "zion", "--json", "rows.json", *argv, "s.py"]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and "[1/" not in out, err
+    assert Path("rows.json").read_text() == '"what the user had"'
+
+
+def test_a_variant_that_fails_keeps_the_rows_that_finished(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs stand in for `zion-emu run`; the one of --fail 1 exits 3 (with a
+    partial report). First in the sweep, nothing finished and --json keeps
+    what it had; second, the first row is shown and written, the third
+    variant does not run, and the sweep exits 3."""
+    ran = []
+
+    def execute(one: argparse.Namespace, stdout: object = None) -> tuple[rep.RunReport, int]:
+        ran.append(one.script_args)
+        return rep.merge([_snap(0)]), 3 if one.script_args == ["--fail", "1"] else 0
+
+    monkeypatch.setattr(sweep, "execute", execute)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    rows_file = tmp_path / "rows.json"
+    rows_file.write_text('"what the user had"')
+    assert main(["sweep", "--json", str(rows_file), "--vary", "arg:--fail=1,0", str(script)]) == 3
+    out, err = capsys.readouterr()
+    assert ran == [["--fail", "1"]] and "variant" not in out
+    assert "error: variant arg:--fail=1 failed with exit code 3 (its errors are above" in err
+    assert "none of the 2 variants finished, so nothing was written" in err
+    assert rows_file.read_text() == '"what the user had"'
+    ran.clear()
+    assert main(["sweep", "--json", str(rows_file), "--vary", "arg:--fail=0,1,2", str(script)]) == 3
+    out, err = capsys.readouterr()
+    assert ran == [["--fail", "0"], ["--fail", "1"]] and "* arg:--fail=0" in out
+    assert "error: variant arg:--fail=1 failed with exit code 3" in err
+    assert "the table above has the 1 of 3 variants that finished" in err
+    assert [r["variant"] for r in json.loads(rows_file.read_text())] == [["arg:--fail=0"]]
 
 def _snap(rank: int, throughput: dict | None = None, samples: int | None = None) -> rep.RankSnapshot:
     return rep.RankSnapshot(rank, "zion", 1e-3, 8, [], [], {}, [], {}, 0, [0.0, 2e-4, 4e-4], samples,

@@ -26,13 +26,16 @@ import json
 import os
 import re
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zion_emu._format import Column, Table
-from zion_emu.cli import CliError, Parser
+from zion_emu.cli import CliError, Parser, platform_from
+from zion_emu.cli.plot import check_writable
 from zion_emu.cli.run import add_run_arguments, execute
+from zion_emu.cli.run import check as check_run  # what `zion-emu run` refuses before it starts
 
 if TYPE_CHECKING:
     from zion_emu.report import RunReport
@@ -285,9 +288,22 @@ def instantiate(command: argparse.Namespace, combo: list[tuple[Axis, str]], used
     return one
 
 
+class _OneRunsOutput(argparse.Action):
+    """``--report`` and ``--trace`` of ``zion-emu run``, which write one run's
+    files: a sweep refuses them, saying what it writes instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        raise argparse.ArgumentError(self, "a sweep writes no report or trace of its own: --json OUT.json writes "
+                                           "its rows and --html OUT.html every variant's report; for one "
+                                           f"variant's, run it alone with `zion-emu run {option_string} OUT.json`")
+
+
 def add_parser(subparsers: Any) -> None:
+    # "resolve": the sweep's --report and --trace replace those of `zion-emu run`.
     p = subparsers.add_parser(
         "sweep", help="run a script on every combination of platform and launch variants and compare them",
+        conflict_handler="resolve",
         description="Each --set PATH=V1,V2,... is a swept platform field and each --vary KEY=V1,V2,... a swept "
                     "launch: the ranks (--vary nproc=2,4,8), a script argument (--vary arg:--servers=1,4) or a "
                     "name that launch options and script arguments use in braces, with integer arithmetic "
@@ -309,21 +325,46 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", metavar="OUT.json", dest="json_out", default=None, help="write the rows as JSON")
     p.add_argument("--show-output", action="store_true", help="show the script's own output (hidden by default)")
     add_run_arguments(p, with_platform=False, templated=True)
+    for option in ("--report", "--trace"):
+        p.add_argument(option, action=_OneRunsOutput, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
+# One run of the sweep: a command filled in for one combination, the values
+# its row names, and its command's label (when the sweep has several).
+Job = tuple[argparse.Namespace, list[str], str]
+
+
 def run(args: argparse.Namespace) -> int:
+    for path, what in ((args.html, "--html"), (args.json_out, "--json")):
+        if path:
+            _check_writable(path, what)
+    if args.plot:
+        check_writable(args.plot)
+    jobs = _jobs(args)
+    for job in jobs:
+        _check_job(job)
+    rows, code = _run_jobs(jobs, args.show_output)
+    if rows:
+        _write(rows, args)
+    if code:
+        finished = (f"the table above has the {len(rows)} of {len(jobs)} variants that finished" if rows
+                    else f"none of the {len(jobs)} variants finished, so nothing was written")
+        print(f"zion-emu: error: variant {_title(jobs[len(rows)])} failed with exit code {code} (its errors are "
+              f"above; `zion-emu run` with its values shows all its output); {finished}", file=sys.stderr)
+    return code
+
+
+def _jobs(args: argparse.Namespace) -> list[Job]:
+    """Every command of every combination, filled in."""
     platform_combos = variants(args.sweeps)
     axes = parse_axes(args.axes)
     commands = commands_of(args)
     labels = command_labels(commands) if len(commands) > 1 else [""]
     launches = launch_combinations(axes)
-    for path, what in ((args.html, "--html"), (args.json_out, "--json"), (args.plot, "--plot")):
-        if path:
-            _check_writable(path, what)
-    # Every command of every combination, filled in and checked before any runs.
     used: set[str] = set()
-    jobs, seen = [], set()
+    jobs: list[Job] = []
+    seen = set()
     for platform_combo in platform_combos:
         for launch in launches:
             for command, label in zip(commands, labels):
@@ -331,7 +372,6 @@ def run(args: argparse.Namespace) -> int:
                 one = instantiate(command, launch, mine)
                 used |= mine
                 one.assignments = list(args.assignments) + platform_combo
-                one.report = one.trace = None
                 one.plot = one.html = None
                 one.quiet_report = True
                 # A row names the values its command used: a name it does not
@@ -345,15 +385,41 @@ def run(args: argparse.Namespace) -> int:
     if unused:
         raise CliError(f"--vary {unused[0]} is used nowhere: put {{{unused[0]}}} in a launch option (--nproc, "
                        f"--world-size, --ranks, --samples-per-iteration) or a script argument")
+    return jobs
+
+
+def _title(job: Job) -> str:
+    _, names, label = job
+    name = ", ".join(names) or "(base platform)"
+    return f"{name} of {label}" if label else name
+
+
+def _check_job(job: Job) -> None:
+    """Refuses a variant whose platform or launch `zion-emu run` would refuse,
+    before any variant runs: a bad last value must not cost the others' runs."""
+    one = job[0]
+    try:
+        check_run(one, platform_from(one))
+    except (CliError, ValueError) as e:  # the platform's ConfigError is a ValueError
+        raise CliError(f"variant {_title(job)}: {e}; nothing ran") from None
+
+
+def _run_jobs(jobs: list[Job], show_output: bool) -> tuple[list[Variant], int]:
+    """Runs the jobs in order until one fails; returns the rows of those that
+    finished and the failed one's exit code (0 when none failed)."""
     rows: list[Variant] = []
     for i, (one, names, label) in enumerate(jobs):
         name = ", ".join(names) or "(base platform)"
         print(f"[{i + 1}/{len(jobs)}] {name}{f' | {label}' if label else ''}", flush=True)
-        report, code = execute(one, stdout=None if args.show_output else subprocess.DEVNULL)
+        report, code = execute(one, stdout=None if show_output else subprocess.DEVNULL)
         if code != 0 or report is None:
-            raise CliError(f"variant {name}{f' of {label}' if label else ''} failed (exit code {code}); rerun it "
-                           "with `zion-emu run` to see why")
+            return rows, code or 1
         rows.append(Variant(names, report, label))
+    return rows, 0
+
+
+def _write(rows: list[Variant], args: argparse.Namespace) -> None:
+    """The table of the rows, and the files asked for."""
     mark_best(rows)
     print()
     print(table(rows))
@@ -367,7 +433,6 @@ def run(args: argparse.Namespace) -> int:
 
         report_html.write_sweep([(r.name, r.report) for r in rows], args.html, report_html.invocation())
         print(f"zion-emu: wrote the HTML report to {args.html}")
-    return 0
 
 
 def _check_writable(path: str, what: str) -> None:
