@@ -17,8 +17,10 @@ def _autoload() -> None:
     may itself call it while this package is still loading."""
 
 
+import contextlib as _contextlib  # noqa: E402
 import importlib as _importlib  # noqa: E402
 import os as _os  # noqa: E402
+import sys as _sys  # noqa: E402
 import typing as _typing  # noqa: E402
 
 import torch  # noqa: E402,F401  (the native core links libtorch)
@@ -44,6 +46,34 @@ def _native_core_first() -> None:
 
 _native_core_first()
 
+
+def _running_the_cli() -> bool:
+    """Whether this process is the command line, ``zion-emu`` or ``python -m
+    zion_emu``: either imports this package before its main() runs."""
+    if _os.path.basename(_sys.argv[0]) == "zion-emu":
+        return True
+    # python -m zion_emu: sys.argv[0] is "-m" while runpy imports the package;
+    # the interpreter's own arguments name the module.
+    argv = _sys.orig_argv
+    return _sys.argv[0] == "-m" and "-m" in argv and argv[argv.index("-m") + 1] == __name__
+
+
+@_contextlib.contextmanager
+def _reading_the_environment() -> _typing.Iterator[None]:
+    """Around the steps of this import that read ZION_* variables. A value one
+    refuses raises ValueError naming the variable, the value and what it
+    takes (under ``import torch``, the cause of torch's "Failed to load the
+    backend extension"). Under the command line, whose main() is not running
+    yet to say it, it is the command's one-line error and exit code 2."""
+    try:
+        yield
+    except ValueError as e:
+        if not _running_the_cli():
+            raise
+        print(f"zion-emu: error: {e}", file=_sys.stderr)
+        raise SystemExit(2) from None
+
+
 from zion_emu.platform import (  # noqa: E402
     ConfigError,
     Platform,
@@ -54,7 +84,8 @@ from zion_emu.platform import (  # noqa: E402
 )
 from zion_emu._register import register as _register  # noqa: E402
 
-_register()
+with _reading_the_environment():
+    _register()  # ZION_AUTOGRAD_DEVICE_THREADS
 
 from zion_emu import cost  # noqa: E402
 from zion_emu._timing import mode, placeholder_reads  # noqa: E402
@@ -110,12 +141,12 @@ def __dir__() -> list[str]:
 
 from zion_emu.sockets import _apply_environment as _socket_from_environment  # noqa: E402
 
-_socket_from_environment()
+with _reading_the_environment():
+    _socket_from_environment()
+    if _os.environ.get("ZION_PROFILER_HOST_TIME"):  # zion_emu.profiler: the host track's clock
+        from zion_emu.profiler import _apply_environment as _profiler_from_environment
 
-if _os.environ.get("ZION_PROFILER_HOST_TIME"):  # zion_emu.profiler: the host track's clock
-    from zion_emu.profiler import _apply_environment as _profiler_from_environment  # noqa: E402
-
-    _profiler_from_environment()
+        _profiler_from_environment()
 
 # torchrec and fbgemm_gpu on zion, installed when (and if) they are imported.
 from zion_emu.torchrec.hooks import watch as _watch_torchrec  # noqa: E402

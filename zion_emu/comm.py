@@ -158,6 +158,8 @@ def reduce_add(inputs: Sequence[torch.Tensor], destination: Any = None) -> torch
     there as one batch, then added in torch's order: ``root + others[0] +
     others[1] + ...``, i.e. ``inputs[0] + inputs[1] + ...`` when the root is
     ``inputs[0]``."""
+    if not inputs:
+        raise RuntimeError("reduce_add expects at least one input tensor, got none")
     destination = _get_device_index(destination, optional=True)
     input_size = inputs[0].size()
     root_index = None  # the last input already on the destination, as torch picks it

@@ -47,10 +47,20 @@ class Platform:
         return self.native.total_devices
 
     def get(self, path: str) -> Any:
-        """A field by its dotted path, e.g. ``platform.get("oam.hbm_bytes")``."""
+        """A field by its dotted path, e.g. ``platform.get("oam.hbm_bytes")``
+        (list items by index: ``"pcie.switches.0.oams"``). A path the platform
+        does not have raises :class:`ConfigError` naming what it has there."""
+        if not isinstance(path, str):
+            raise TypeError(f"platform field paths are dotted strings (e.g. 'oam.hbm_bytes'), got {path!r}")
         node: Any = self.fields
-        for part in path.split("."):
-            node = node[int(part)] if isinstance(node, list) else node[part]
+        parts = path.split(".")
+        for n, part in enumerate(parts):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise ConfigError(f"platform {self.name!r}: no field {path!r}{_what_is_at(node, parts[:n])}")
         return node
 
     def source(self, path: str) -> str | None:
@@ -67,7 +77,21 @@ class Platform:
         return f"Platform({self.name!r}, nodes={self.nodes}, devices_per_node={self.devices_per_node})"
 
 
+def _what_is_at(node: Any, parent: list[str]) -> str:
+    """What ``Platform.get`` found at ``parent``, for its error: the fields there, or that it is a value."""
+    at = f" (at {'.'.join(parent)!r})" if parent else ""
+    if isinstance(node, dict):
+        return f"{at}; allowed: {', '.join(sorted(node))}"
+    if isinstance(node, list) and node:
+        return f"{at}; allowed: an index 0..{len(node) - 1}"
+    return f": {'.'.join(parent)!r} is {'an empty list' if isinstance(node, list) else 'a value'}, not an object"
+
+
 def _override_pairs(overrides: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TypeError("overrides maps dotted field paths to values, e.g. {'fabric.topology': 'ring'}; got "
+                        f"{type(overrides).__name__} {overrides!r} (command-line 'path=value' strings go in "
+                        "assignments=)")
     pairs = []
     for path, value in (overrides or {}).items():
         if not isinstance(path, str):
@@ -99,6 +123,9 @@ def load_platform(
     """
     name = os.fspath(name_or_path) if name_or_path is not None else os.environ.get("ZION_PLATFORM", DEFAULT_PLATFORM)
     pairs = _override_pairs(overrides)
+    if isinstance(assignments, str):
+        raise TypeError(f"assignments is a list of 'path=value' strings, got the string {assignments!r}; "
+                        f"pass [{assignments!r}]")
     pairs += [tuple(_C.sim.parse_override(a)) for a in assignments or []]
     native = _C.sim.load_platform(name, pairs, _search_dirs())
     return Platform(native, name)

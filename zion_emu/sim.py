@@ -5,8 +5,10 @@ Everything in the native ``zion_emu._C.sim`` is re-exported here.
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Sequence
 
 from zion_emu import _C
@@ -19,6 +21,9 @@ _models_lock = threading.Lock()
 
 def collective_model(platform: Platform) -> "_C.sim.CollectiveModel":
     """The (cached) collective model of a platform."""
+    if not isinstance(platform, Platform):
+        raise TypeError(f"expected a Platform (zion_emu.load_platform(name)), got {type(platform).__name__} "
+                        f"{platform!r}")
     with _models_lock:
         model = _models.get(platform)
         if model is None:
@@ -28,11 +33,33 @@ def collective_model(platform: Platform) -> "_C.sim.CollectiveModel":
 
 
 def _devices(ranks: int | Sequence[int]) -> list[int]:
-    if isinstance(ranks, int):
-        if ranks < 1:
-            raise ValueError(f"ranks must be >= 1, got {ranks}")
-        return list(range(ranks))
-    return [int(r) for r in ranks]
+    """``ranks`` as device ids: a count n (devices 0..n-1) or the ids themselves."""
+    if isinstance(ranks, Iterable) and not isinstance(ranks, (str, bytes)):
+        ids = list(ranks)
+        try:
+            return [operator.index(r) for r in ids]
+        except TypeError:
+            raise TypeError(f"ranks must be device ids (integers), got {ids!r}") from None
+    try:
+        count = operator.index(ranks)
+    except TypeError:
+        raise TypeError(f"ranks must be a device count (an integer) or a list of device ids, "
+                        f"got {type(ranks).__name__} {ranks!r}") from None
+    if count < 1:
+        raise ValueError(f"ranks must be >= 1, got {count}")
+    return list(range(count))
+
+
+def _peer_bytes(all_to_all_bytes: Sequence[Sequence[float]] | None, ranks: int) -> list[list[float]]:
+    """``all_to_all_bytes`` as rows of floats ([] when not given); its shape is the model's to check."""
+    if all_to_all_bytes is None:
+        return []
+    rows = list(all_to_all_bytes)
+    for i, row in enumerate(rows):
+        if not isinstance(row, Iterable) or isinstance(row, (str, bytes)):
+            raise TypeError(f"all_to_all_bytes must be a {ranks}x{ranks} matrix, row i the bytes rank i sends to "
+                            f"each rank; row {i} is {row!r}")
+    return [[float(b) for b in row] for row in rows]
 
 
 def collective(
@@ -49,11 +76,10 @@ def collective(
     """Times one collective; the result has time (s), algbw, busbw (bytes/s) and the algorithm used.
     ``op``, ``algo`` and ``link_model`` are names of ``collective_op_names()``,
     ``algorithm_names()`` and ``link_model_names()``."""
-    return collective_model(platform).run(
-        op, float(nbytes), _devices(ranks), algo, link_model, root,
-        [list(map(float, row)) for row in all_to_all_bytes] if all_to_all_bytes else [],
-        force_simulation,
-    )
+    model = collective_model(platform)
+    devices = _devices(ranks)
+    return model.run(op, float(nbytes), devices, algo, link_model, root,
+                     _peer_bytes(all_to_all_bytes, len(devices)), force_simulation)
 
 
 def collective_time(

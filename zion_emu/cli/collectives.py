@@ -22,18 +22,22 @@ ASTRA_UNAWARE = "astra-unaware"
 def add_link_model_argument(p: argparse.ArgumentParser, default_help: str, astra_modes: bool = False) -> None:
     """--link-model, one of the model's link models, and --mode, the same
     choice by its other name; with ``astra_modes`` --mode also takes
-    astra-unaware and is documented (collectives with ASTRA-sim input)."""
+    astra-unaware and is documented (collectives with ASTRA-sim input).
+    Giving both is refused, as zion_emu.distributed.Options refuses link_model
+    with mode."""
     choices = sim.link_model_names()
-    p.add_argument("--link-model", choices=choices, default=None, metavar="MODEL",
-                   help=f"how transfers share the links: {', '.join(choices)} (the README describes each); "
-                        f"default {default_help}")
+    one = p.add_mutually_exclusive_group()
+    one.add_argument("--link-model", choices=choices, default=None, metavar="MODEL",
+                     help=f"how transfers share the links: {', '.join(choices)} (the README describes each); "
+                          f"default {default_help}")
     if astra_modes:
-        p.add_argument("--mode", dest="link_model", choices=[*choices, ASTRA_UNAWARE], default=argparse.SUPPRESS,
-                       help="as --link-model; with --astra-network, astra is ASTRA-sim 2.0's congestion-aware "
-                            "analytical backend and astra-unaware its congestion-unaware one, emulated event by "
-                            "event (one-dimensional networks, ring or direct implementations)")
+        one.add_argument("--mode", dest="link_model", choices=[*choices, ASTRA_UNAWARE], default=argparse.SUPPRESS,
+                         help="as --link-model (not with it); with --astra-network, astra is ASTRA-sim 2.0's "
+                              "congestion-aware analytical backend and astra-unaware its congestion-unaware one, "
+                              "emulated event by event (one-dimensional networks, ring or direct implementations)")
     else:
-        p.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        one.add_argument("--mode", dest="link_model", choices=choices, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -139,6 +143,11 @@ def _compare(args: argparse.Namespace, sizes: list[int], link_model: str) -> int
 def run(args: argparse.Namespace) -> int:
     if args.astra_system and not args.astra_network:
         raise CliError("--astra-system needs --astra-network")
+    platform_options = [option for option, given in (("--platform", args.platform), ("--set", args.assignments))
+                        if given]
+    if args.astra_network and platform_options:
+        raise CliError(f"--astra-network is the machine, so {' and '.join(platform_options)} would be ignored: "
+                       "give --astra-network or the platform options, not both")
     link_model = args.link_model or ("astra" if args.astra_network else "fair")
     sizes = size_sweep(args.min_bytes, args.max_bytes, args.step_factor)
     for path in filter(None, (args.plot, args.compare_topologies)):
