@@ -28,9 +28,6 @@ namespace {
 using c10::CachingAllocator::StatType;
 constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
 
-// The pool torch.cuda's caching allocator would serve a request from (see
-// kSmallPoolMaxBytes); the statistics split by it beside the aggregate, so
-// memory_stats' small_pool and large_pool keys add up to its all keys.
 // What real mode asks of the host, and what to do when the host cannot give it.
 constexpr const char* kRealModeHint =
     "Real mode keeps every byte of a zion tensor in host memory; run with --timing-only (zion-emu run "
@@ -41,6 +38,9 @@ std::string first_line(const char* text) {
   return end ? std::string(text, end) : std::string(text);
 }
 
+// The pool torch.cuda's caching allocator would serve a request from (see
+// kSmallPoolMaxBytes); the statistics split by it beside the aggregate, so
+// memory_stats' small_pool and large_pool keys add up to its all keys.
 size_t pool_of(size_t nbytes) {
   return static_cast<size_t>(nbytes <= kSmallPoolMaxBytes ? StatType::SMALL_POOL : StatType::LARGE_POOL);
 }
@@ -415,15 +415,15 @@ c10::Allocator& storage_less_allocator() {
 
 c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes) {
   // On failure `bytes` is freed by its owner's deleter.
-  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/true);
+  // Counted at once, under one lock: every op's result comes here.
+  void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/false);
   void* data = bytes.get();
   try {
     memory_history().allocated(device, data, nbytes);
   } catch (...) {
-    release_held(device, nbytes, bookkeeping);
+    release(device, nullptr, nbytes, bookkeeping);  // its bytes stay its owner's
     throw;
   }
-  commit_held(device, nbytes);
   return {data, make_allocation(bookkeeping, device, nbytes, nullptr, std::move(bytes)), &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }

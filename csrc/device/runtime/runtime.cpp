@@ -120,15 +120,15 @@ Runtime& detail::start_runtime() {
 
 void set_platform(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  const std::string current = g_runtime ? g_runtime->platform.name : "";
   TORCH_CHECK(allocator().bytes_in_use() == 0,
               "zion: set_platform must come before any zion tensor is made; ", allocator().bytes_in_use(),
-              " bytes are allocated on the current platform '", g_runtime ? g_runtime->platform.name : "", "'");
+              " bytes are allocated on the current platform '", current, "'");
   // A pinned buffer or a tensor placed in a socket is counted in its socket's
   // pool; freed after the pools were made afresh, it would count below zero.
   const int64_t host_bytes = pinned_allocator().bytes_in_use();
   TORCH_CHECK(host_bytes == 0, "zion: set_platform must come before any pinned or socket-placed host memory is made; ",
-              host_bytes, " bytes are held in the socket pools of the current platform '",
-              g_runtime ? g_runtime->platform.name : "",
+              host_bytes, " bytes are held in the socket pools of the current platform '", current,
               "' (pin_memory() buffers, tensors made under zion_emu.socket(i)); free them first");
   if (g_runtime) g_retired.push_back(std::move(g_runtime));
   g_runtime = make_runtime(platform);
