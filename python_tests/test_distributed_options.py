@@ -49,13 +49,20 @@ def test_the_old_spellings_of_the_link_model_still_work(monkeypatch: pytest.Monk
     assert options == zd.Options(algorithm="ring", link_model="unaware")
     with pytest.raises(TypeError, match="both link_model and its deprecated name mode"):
         zd.Options(link_model="fair", mode="astra")
-    # ZION_COLLECTIVE_MODE counts only while ZION_LINK_MODEL is unset, and an
-    # error names the variable the value came from.
+    # ZION_COLLECTIVE_MODE counts only while ZION_LINK_MODEL is unset (or
+    # says the same), and an error names the variable the value came from.
     monkeypatch.delenv("ZION_LINK_MODEL", raising=False)
     monkeypatch.setenv("ZION_COLLECTIVE_MODE", "astra")
     assert zd._group_model(None) == ("auto", "astra")
+    monkeypatch.setenv("ZION_LINK_MODEL", "astra")
+    assert zd._group_model(None) == ("auto", "astra")  # both, agreeing
+    # Both, disagreeing: neither wins silently.
     monkeypatch.setenv("ZION_LINK_MODEL", "unaware")
-    assert zd._group_model(None) == ("auto", "unaware")
+    with pytest.raises(ValueError, match=r"ZION_LINK_MODEL='unaware' and its deprecated name "
+                                         r"ZION_COLLECTIVE_MODE='astra' disagree; unset ZION_COLLECTIVE_MODE"):
+        zd._group_model(None)
+    with pytest.raises(ValueError, match="disagree"):
+        zd.Options().resolved()
     monkeypatch.delenv("ZION_LINK_MODEL")
     monkeypatch.setenv("ZION_COLLECTIVE_MODE", "psychic")
     with pytest.raises(ValueError, match=r"ZION_COLLECTIVE_ALGO / ZION_COLLECTIVE_MODE: unknown link model 'psychic'"):

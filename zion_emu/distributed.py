@@ -49,7 +49,8 @@ comes from ``ZION_COLLECTIVE_ALGO`` (default: the platform's ``auto``) and
 A group created without ``pg_options`` reads the environment alone; it does not
 inherit another group's options. The link model's older spellings still work:
 ``Options(mode=...)`` (with a DeprecationWarning) and ``ZION_COLLECTIVE_MODE``
-(read when ``ZION_LINK_MODEL`` is unset).
+(read when ``ZION_LINK_MODEL`` is unset; the two set to different models is
+an error).
 """
 
 from __future__ import annotations
@@ -119,8 +120,13 @@ def _env_model(name: str, default: str) -> str:
 
 def _link_model_env() -> str:
     """The variable the link model is read from: ZION_LINK_MODEL, or the old
-    ZION_COLLECTIVE_MODE when only that one is set."""
-    if not os.environ.get(LINK_MODEL_ENV) and os.environ.get(LEGACY_LINK_MODEL_ENV):
+    ZION_COLLECTIVE_MODE when only that one is set. Both set to different
+    models is refused, as ``Options`` refuses both of its spellings."""
+    new, old = os.environ.get(LINK_MODEL_ENV), os.environ.get(LEGACY_LINK_MODEL_ENV)
+    if new and old and new.strip() != old.strip():
+        raise ValueError(f"zion backend: {LINK_MODEL_ENV}={new!r} and its deprecated name {LEGACY_LINK_MODEL_ENV}="
+                         f"{old!r} disagree; unset {LEGACY_LINK_MODEL_ENV}")
+    if not new and old:
         return LEGACY_LINK_MODEL_ENV
     return LINK_MODEL_ENV
 
