@@ -288,6 +288,14 @@ def test_an_output_over_the_script_another_output_or_the_platform_file_is_refuse
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
+def test_an_output_in_a_folder_that_does_not_exist_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """Found only after the run, it would lose the run's result."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("print('never runs')\n")
+    err = _refusal(monkeypatch, capsys, "--report", "gone/r.json", "s.py")
+    assert f"--report gone/r.json: folder {tmp_path / 'gone'} does not exist" in err, err
+
+
 def test_an_output_over_the_zion_platform_file_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("print('never runs')\n")

@@ -133,7 +133,12 @@ def test_bad_sweeps_stop_before_anything_runs(tmp_path: Path) -> None:
     (["--report", "r.json"], "argument --report: a sweep writes no report or trace of its own: --json OUT.json "
                              "writes its rows and --html OUT.html every variant's report"),
     (["--trace", "t.json"], "run it alone with `zion-emu run --trace OUT.json`"),
-], ids=["nproc-0", "nproc-over-devices", "topology", "bandwidth", "plot-format", "report", "trace"])
+    (["--json", "s.py"], "--json s.py is the same file as the script s.py, which it would overwrite"),
+    (["--html", "rows.json"], "--html rows.json is the same file as --json rows.json"),
+    (["--plot", "gone/rows.png"], "--plot gone/rows.png: folder "),
+    (["--html", "."], "--html . is a directory; give a file name"),
+], ids=["nproc-0", "nproc-over-devices", "topology", "bandwidth", "plot-format", "report", "trace", "json-over-script",
+        "html-over-json", "no-folder", "directory"])
 def test_a_bad_variant_or_output_is_refused_before_any_variant_runs(
         argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -247,25 +247,43 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _check_outputs(args: argparse.Namespace, platform: Any) -> None:
-    """Refuses an output that is a directory, the script, the platform file
-    or another output, and a plot in a format matplotlib does not write."""
+    """Refuses what ``check_output_files`` refuses of the run's outputs, and a
+    plot in a format matplotlib does not write."""
     if args.samples_per_iteration is not None and args.samples_per_iteration <= 0:
         raise CliError(f"--samples-per-iteration must be positive, got {args.samples_per_iteration}")
     outputs = [(what, path) for what, path in (("--report", args.report), ("--trace", args.trace),
                                                ("--plot", args.plot), ("--html", args.html)) if path]
+    check_output_files(outputs, input_files(args, platform))
+    if args.plot:
+        check_writable(args.plot)
+
+
+def input_files(args: argparse.Namespace, platform: Any) -> list[tuple[str, str]]:
+    """(option, path) of the files a run reads and no output may overwrite:
+    the script and the platform file."""
     files = [("the script", args.script)]
     if Path(platform.origin).is_file():
         files.append(("--platform" if args.platform else "$ZION_PLATFORM", platform.origin))
+    return files
+
+
+def check_output_files(outputs: list[tuple[str, str]], inputs: list[tuple[str, str]]) -> None:
+    """Refuses an output (option, path) that is a directory, lies in a folder
+    that does not exist, or is one of ``inputs`` or an earlier output: found
+    only when the output is written, after the whole run, each would lose the
+    run's result or overwrite the user's file."""
+    files = list(inputs)
     for what, path in outputs:
         if Path(path).is_dir():
             raise CliError(f"{what} {path} is a directory; give a file name")
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise CliError(f"{what} {path}: folder {folder} does not exist")
         for other, other_path in files:
             if _same_file(path, other_path):
                 raise CliError(f"{what} {path} is the same file as {other} {other_path}, which it would "
                                f"overwrite; give {what} another file name")
         files.append((what, path))
-    if args.plot:
-        check_writable(args.plot)
 
 
 def command(args: argparse.Namespace, run_dir: Path, world: World | None = None) -> list[str]:

@@ -23,7 +23,6 @@ import ast
 import copy
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from zion_emu._format import Column, Table
 from zion_emu.cli import CliError, Parser, platform_from
 from zion_emu.cli.plot import check_writable
-from zion_emu.cli.run import add_run_arguments, execute
+from zion_emu.cli.run import add_run_arguments, check_output_files, execute, input_files
 from zion_emu.cli.run import check as check_run  # what `zion-emu run` refuses before it starts
 
 if TYPE_CHECKING:
@@ -327,6 +326,9 @@ def add_parser(subparsers: Any) -> None:
     add_run_arguments(p, with_platform=False, templated=True)
     for option in ("--report", "--trace"):
         p.add_argument(option, action=_OneRunsOutput, help=argparse.SUPPRESS)
+    # A sweep prints no variant's report, only its table: run's --quiet-report
+    # is what it does already, taken and left out of the help.
+    p.add_argument("--quiet-report", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -336,14 +338,10 @@ Job = tuple[argparse.Namespace, list[str], str]
 
 
 def run(args: argparse.Namespace) -> int:
-    for path, what in ((args.html, "--html"), (args.json_out, "--json")):
-        if path:
-            _check_writable(path, what)
-    if args.plot:
-        check_writable(args.plot)
     jobs = _jobs(args)
     for job in jobs:
         _check_job(job)
+    _check_outputs(args, jobs)
     rows, code = _run_jobs(jobs, args.show_output)
     if rows:
         _write(rows, args)
@@ -435,13 +433,18 @@ def _write(rows: list[Variant], args: argparse.Namespace) -> None:
         print(f"zion-emu: wrote the HTML report to {args.html}")
 
 
-def _check_writable(path: str, what: str) -> None:
-    """Fails before any variant runs if ``path`` cannot take the file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise CliError(f"{what} {path} is a directory; give a file name")
-    if not os.path.isdir(folder):
-        raise CliError(f"{what} {path}: folder {folder} does not exist")
+def _check_outputs(args: argparse.Namespace, jobs: list[Job]) -> None:
+    """Refuses, before any variant runs, an output of the sweep that is a
+    directory, lies in no folder, or is a script or platform file of a
+    variant or another output."""
+    inputs: list[tuple[str, str]] = []
+    for one, _, _ in jobs:
+        inputs += [f for f in input_files(one, platform_from(one)) if f not in inputs]
+    outputs = [(what, path) for what, path in (("--json", args.json_out), ("--html", args.html),
+                                               ("--plot", args.plot)) if path]
+    check_output_files(outputs, inputs)
+    if args.plot:
+        check_writable(args.plot)
 
 
 @dataclass
