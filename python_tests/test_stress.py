@@ -205,6 +205,49 @@ def test_an_oom_mid_step_leaves_everything_intact_and_a_smaller_batch_then_train
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
+_SET_PLATFORM_RACE_SCRIPT = r"""
+import gc, threading
+import torch, zion_emu
+from zion_emu import sockets
+platform = zion_emu.load_platform("zion")
+stop = threading.Event()
+
+def allocate():  # torch.empty and pin_memory release the GIL while they allocate
+    while not stop.is_set():
+        x, y = torch.empty(1024, device="zion"), torch.empty(1024).pin_memory()
+        del x, y
+
+t = threading.Thread(target=allocate)
+t.start()
+outcomes = set()
+try:
+    for _ in range(3000):
+        try:
+            zion_emu.set_platform(platform)
+            outcomes.add("replaced")
+        except RuntimeError as e:
+            assert "set_platform must come before any" in str(e), e
+            outcomes.add("refused")
+finally:
+    stop.set()
+    t.join()
+gc.collect()
+hbm = [torch.zion.memory_allocated(d) for d in range(torch.zion.device_count())]
+ddr = [sockets.memory(s).in_use for s in range(sockets.socket_count())]
+assert hbm == [0] * len(hbm) and ddr == [0] * len(ddr), (hbm, ddr)
+print(sorted(outcomes))
+"""
+
+
+def test_set_platform_racing_allocations_never_loses_a_block():
+    """set_platform while another thread allocates: each call is refused or
+    replaces empty pools, never pools holding a block counted between its
+    check and the replacement (whose free then drove the pool to -4096 B)."""
+    proc = run_python(_SET_PLATFORM_RACE_SCRIPT, timeout_s=JOIN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['refused', 'replaced']", proc.stdout + proc.stderr
+
+
 KILL_TIMEOUT_S = 5
 
 

@@ -132,12 +132,20 @@ HbmAllocator& allocator() {
 
 void HbmAllocator::configure(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(mutex_);
+  configure_locked(platform);
+}
+
+void HbmAllocator::configure_locked(const sim::Platform& platform) {
   pools_.assign(platform.oam.count, Pool{});
   for (auto& p : pools_) p.capacity = platform.oam.hbm_bytes;
 }
 
 size_t HbmAllocator::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_in_use_locked();
+}
+
+size_t HbmAllocator::bytes_in_use_locked() const {
   int64_t total = 0;
   for (const auto& p : pools_) total += p.stats.allocated_bytes[kAggregate].current;
   return static_cast<size_t>(total);

@@ -21,10 +21,15 @@ namespace zion::device {
 class HbmAllocator final : public c10::DeviceAllocator {
  public:
   void configure(const sim::Platform& platform);
-  // Held across fork() (see runtime.h: fork safety).
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
   size_t bytes_in_use() const;
+  // The pools' lock (BasicLockable): held across fork() (see runtime.h: fork
+  // safety), and by set_platform, so that no block is counted between its
+  // check that the pools are empty and their replacement. The *_locked
+  // forms are for the holder.
+  void lock() { mutex_.lock(); }
+  void unlock() { mutex_.unlock(); }
+  void configure_locked(const sim::Platform& platform);
+  size_t bytes_in_use_locked() const;
 
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override;

@@ -56,6 +56,10 @@ int current_socket() {
 
 void PinnedAllocator::configure(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(mutex_);
+  configure_locked(platform);
+}
+
+void PinnedAllocator::configure_locked(const sim::Platform& platform) {
   pools_.assign(platform.socket.count, SocketMemoryStats{});
   for (auto& p : pools_) p.capacity = platform.socket.ddr_bytes;
 }
@@ -213,6 +217,10 @@ int PinnedAllocator::sockets() const {
 
 int64_t PinnedAllocator::bytes_in_use() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_in_use_locked();
+}
+
+int64_t PinnedAllocator::bytes_in_use_locked() const {
   int64_t total = 0;
   for (const SocketMemoryStats& p : pools_) total += p.in_use;
   return total;

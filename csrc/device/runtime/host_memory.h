@@ -53,9 +53,12 @@ class PinnedAllocator final : public c10::Allocator {
   int64_t bytes_in_use() const;
   // Frees a buffer of the pools; false (and nothing done) for any other pointer.
   bool release(void* ptr);
-  // Held across fork() (see runtime.h: fork safety).
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
+  // The pools' lock (BasicLockable), as HbmAllocator's: held across fork()
+  // and by set_platform; the *_locked forms are for the holder.
+  void lock() { mutex_.lock(); }
+  void unlock() { mutex_.unlock(); }
+  void configure_locked(const sim::Platform& platform);
+  int64_t bytes_in_use_locked() const;
 
  private:
   // Raises a clear error if the host cannot back `nbytes` more (see host_bytes_available).

@@ -50,15 +50,15 @@ std::atomic<bool> g_in_bad_fork{false};
 
 void before_fork() {
   g_mutex.lock();
-  allocator().lock_for_fork();
+  allocator().lock();
   kernel_host_memory().lock_for_fork();
-  pinned_allocator().lock_for_fork();
+  pinned_allocator().lock();
 }
 
 void after_fork_in_parent() {
-  pinned_allocator().unlock_after_fork();
+  pinned_allocator().unlock();
   kernel_host_memory().unlock_after_fork();
-  allocator().unlock_after_fork();
+  allocator().unlock();
   g_mutex.unlock();
 }
 
@@ -75,6 +75,12 @@ const bool g_fork_handlers = [] {
 }  // namespace
 
 bool in_bad_fork() { return g_in_bad_fork.load(); }
+
+const sim::OpCostModel& Runtime::socket_cost() {
+  std::call_once(socket_cost_once_,
+                 [this] { socket_cost_ = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::socket(platform)); });
+  return *socket_cost_;
+}
 
 void Runtime::note_guessed(c10::DeviceIndex device, const std::string& op) {
   std::lock_guard<std::mutex> lock(guessed_mutex_);
@@ -120,20 +126,25 @@ Runtime& detail::start_runtime() {
 
 void set_platform(const sim::Platform& platform) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  // The pools stay locked (in fork's order) from the check that they are
+  // empty until they are replaced: a block counted in between would be lost
+  // with the old pools and its free would count below zero.
+  std::lock_guard<HbmAllocator> hbm(allocator());
+  std::lock_guard<PinnedAllocator> pinned(pinned_allocator());
   const std::string current = g_runtime ? g_runtime->platform.name : "";
-  TORCH_CHECK(allocator().bytes_in_use() == 0,
-              "zion: set_platform must come before any zion tensor is made; ", allocator().bytes_in_use(),
+  const size_t hbm_bytes = allocator().bytes_in_use_locked();
+  TORCH_CHECK(hbm_bytes == 0, "zion: set_platform must come before any zion tensor is made; ", hbm_bytes,
               " bytes are allocated on the current platform '", current, "'");
   // A pinned buffer or a tensor placed in a socket is counted in its socket's
   // pool; freed after the pools were made afresh, it would count below zero.
-  const int64_t host_bytes = pinned_allocator().bytes_in_use();
+  const int64_t host_bytes = pinned_allocator().bytes_in_use_locked();
   TORCH_CHECK(host_bytes == 0, "zion: set_platform must come before any pinned or socket-placed host memory is made; ",
               host_bytes, " bytes are held in the socket pools of the current platform '", current,
               "' (pin_memory() buffers, tensors made under zion_emu.socket(i)); free them first");
   if (g_runtime) g_retired.push_back(std::move(g_runtime));
   g_runtime = make_runtime(platform);
-  allocator().configure(platform);
-  pinned_allocator().configure(platform);
+  allocator().configure_locked(platform);
+  pinned_allocator().configure_locked(platform);
   install_socket_cpu_allocator();  // as runtime() does: socket scopes place CPU tensors in their pools
   g_runtime_ptr.store(g_runtime.get(), std::memory_order_release);
 }

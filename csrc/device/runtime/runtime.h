@@ -35,7 +35,14 @@ struct Runtime {
   std::map<std::string, int64_t> guessed(c10::DeviceIndex device) const;
   void clear_guessed();
 
+  // The CPU sockets' op cost model, made at the first op a socket runs. It
+  // lives as long as the runtime: a runtime set_platform replaced is kept, so
+  // a thread pricing on the old one never sees its model freed.
+  const sim::OpCostModel& socket_cost();
+
  private:
+  std::once_flag socket_cost_once_;
+  std::unique_ptr<sim::OpCostModel> socket_cost_;
   mutable std::mutex guessed_mutex_;
   std::vector<std::map<std::string, int64_t>> guessed_;
 };

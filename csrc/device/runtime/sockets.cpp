@@ -46,18 +46,6 @@ class SocketCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
 };
 
-struct SocketModel {
-  std::mutex mutex;
-  std::unique_ptr<sim::OpCostModel> model;
-  const sim::OpCostModel* built_for = nullptr;  // the device's model when this was built (a new platform: rebuild)
-};
-
-SocketModel& socket_model() {
-  static SocketModel instance;
-  return instance;
-}
-
-
 // Every op the thread runs while a socket scope is set is observed through
 // RecordFunction (as the profiler observes ops: dispatch is unchanged, and
 // the autograd engine carries the callback to the backward of CPU ops).
@@ -106,8 +94,6 @@ const OpFacts& facts(const c10::OperatorName& name, const sim::OpCostModel& mode
   }
   return cache.emplace(std::move(key), f).first->second;
 }
-
-const sim::OpCostModel& socket_cost_model();
 
 void describe(const c10::IValue& v, std::vector<sim::TensorDesc>& out, bool& off_cpu) {
   auto add = [&](const at::Tensor& t) {
@@ -167,7 +153,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (parent) parent->had_child = true;
   if (!f.covered) {
     if (auto name = fn.operator_name()) {
-      const OpFacts& k = facts(*name, socket_cost_model());
+      const OpFacts& k = facts(*name, runtime().socket_cost());
       f.covered = k.is_view;
       f.priced = !k.is_view && k.has_formula;
     } else {
@@ -225,24 +211,11 @@ void set_socket_scope(int socket) {
   }
 }
 
-namespace {
-const sim::OpCostModel& socket_cost_model() {
-  Runtime& rt = runtime();
-  SocketModel& m = socket_model();
-  std::lock_guard<std::mutex> lock(m.mutex);
-  if (m.built_for != rt.cost.get()) {
-    m.model = std::make_unique<sim::OpCostModel>(sim::ComputeUnit::socket(rt.platform));
-    m.built_for = rt.cost.get();
-  }
-  return *m.model;
-}
-}  // namespace
-
 void charge_socket_op(int socket, const sim::OpCall& call) {
   Runtime& rt = runtime();
   TORCH_CHECK_INDEX(socket >= 0 && socket < rt.platform.socket.count, "zion: socket ", socket, " does not exist; platform '",
                     rt.platform.name, "' has ", rt.platform.socket.count, " sockets");
-  const sim::OpCostModel& model = socket_cost_model();
+  const sim::OpCostModel& model = rt.socket_cost();
   sim::OpCost cost = model.cost(call, model.resolve(call.name));
   int track = socket_track(socket);
   rt.timeline.launch(track, 0, 0, cost.device_time, rt.timeline.host(), sim::Activity::kCompute,
