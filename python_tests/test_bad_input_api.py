@@ -159,6 +159,11 @@ def test_the_cli_says_a_bad_environment_value_in_one_line(name: str, value: str,
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"zion-emu: error: {message}\n")
 
 
+def test_python_m_without_a_space_says_a_bad_environment_value_in_one_line() -> None:
+    done = run([sys.executable, "-mzion_emu", "info"], check=False, env=child_env(ZION_PROFILER_HOST_TIME="bogus"))
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"zion-emu: error: {BAD_ENVIRONMENT[0][2]}\n")
+
+
 def test_the_console_script_says_a_bad_environment_value_in_one_line() -> None:
     # What pip's zion-emu script runs: the package is imported under its name.
     script = ("import sys; sys.argv[0] = '/usr/local/bin/zion-emu'\n"

@@ -52,10 +52,17 @@ def _running_the_cli() -> bool:
     zion_emu``: either imports this package before its main() runs."""
     if _os.path.basename(_sys.argv[0]) == "zion-emu":
         return True
-    # python -m zion_emu: sys.argv[0] is "-m" while runpy imports the package;
-    # the interpreter's own arguments name the module.
+    # python -m zion_emu (or -mzion_emu): sys.argv[0] is "-m" while runpy
+    # imports the package; the interpreter's own arguments name the module.
+    if _sys.argv[0] != "-m":
+        return False
     argv = _sys.orig_argv
-    return _sys.argv[0] == "-m" and "-m" in argv and argv[argv.index("-m") + 1] == __name__
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m":
+            return argv[i + 1:i + 2] == [__name__]
+        if arg.startswith("-m"):
+            return arg[2:] == __name__
+    return False
 
 
 @_contextlib.contextmanager
