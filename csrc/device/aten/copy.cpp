@@ -34,8 +34,8 @@ struct LinkOccupancy {
 };
 
 LinkOccupancy& links() {
-  static LinkOccupancy instance;
-  return instance;
+  static LinkOccupancy* instance = new LinkOccupancy();  // never destroyed: copies may come after exit begins
+  return *instance;
 }
 
 // The span label of a kind of copy: "copy H2D", "copy D2H", "copy D2D".

@@ -126,8 +126,8 @@ std::string format_size(int64_t bytes) {
 }
 
 HbmAllocator& allocator() {
-  static HbmAllocator instance;
-  return instance;
+  static HbmAllocator* instance = new HbmAllocator();  // never destroyed: frees may come after exit begins
+  return *instance;
 }
 
 void HbmAllocator::configure(const sim::Platform& platform) {

@@ -22,8 +22,8 @@ void delete_pooled(void* ptr) { pinned_allocator().release(ptr); }
 }  // namespace
 
 PinnedAllocator& pinned_allocator() {
-  static PinnedAllocator instance;
-  return instance;
+  static PinnedAllocator* instance = new PinnedAllocator();  // never destroyed: frees may come after exit begins
+  return *instance;
 }
 
 int home_socket(const sim::Platform& p, int oam) {

@@ -27,10 +27,11 @@ using detail::g_runtime_ptr;
 namespace {
 
 std::mutex g_mutex;  // taken to make or replace the runtime
-std::unique_ptr<Runtime> g_runtime;
-// Runtimes that set_platform replaced: another thread may still hold a
-// reference taken before the swap, so they stay alive (one per call).
-std::vector<std::unique_ptr<Runtime>> g_retired;
+// The runtime is never destroyed: a tensor freed or an op run by a thread
+// after exit begins still finds it. One that set_platform replaced stays
+// alive too, as another thread may hold a reference taken before the swap
+// (one per call).
+Runtime* g_runtime = nullptr;
 thread_local c10::DeviceIndex t_current_device = 0;
 
 std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
@@ -114,11 +115,11 @@ Runtime& detail::start_runtime() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_runtime) {
     const char* name = std::getenv("ZION_PLATFORM");
-    g_runtime = make_runtime(sim::load_platform(name && *name ? name : "zion"));
+    g_runtime = make_runtime(sim::load_platform(name && *name ? name : "zion")).release();
     allocator().configure(g_runtime->platform);
     pinned_allocator().configure(g_runtime->platform);
     install_socket_cpu_allocator();
-    g_runtime_ptr.store(g_runtime.get(), std::memory_order_release);
+    g_runtime_ptr.store(g_runtime, std::memory_order_release);
   }
   return *g_runtime;
 }
@@ -141,12 +142,11 @@ void set_platform(const sim::Platform& platform) {
   TORCH_CHECK(host_bytes == 0, "zion: set_platform must come before any pinned or socket-placed host memory is made; ",
               host_bytes, " bytes are held in the socket pools of the current platform '", current,
               "' (pin_memory() buffers, tensors made under zion_emu.socket(i)); free them first");
-  if (g_runtime) g_retired.push_back(std::move(g_runtime));
-  g_runtime = make_runtime(platform);
+  g_runtime = make_runtime(platform).release();  // the one it replaces stays alive
   allocator().configure_locked(platform);
   pinned_allocator().configure_locked(platform);
   install_socket_cpu_allocator();  // as runtime() does: socket scopes place CPU tensors in their pools
-  g_runtime_ptr.store(g_runtime.get(), std::memory_order_release);
+  g_runtime_ptr.store(g_runtime, std::memory_order_release);
 }
 
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().platform.oam.count); }

@@ -228,8 +228,8 @@ void install_socket_cpu_allocator() {
   static bool installed = [] {
     c10::Allocator* base = c10::GetCPUAllocator();
     g_base_deleter = base->raw_deleter();
-    static SocketCpuAllocator instance(base);
-    c10::SetCPUAllocator(&instance, /*priority=*/1);
+    // Never destroyed: CPU tensors may be freed after static destructors ran.
+    c10::SetCPUAllocator(new SocketCpuAllocator(base), /*priority=*/1);
     return true;
   }();
   (void)installed;
