@@ -28,8 +28,14 @@ struct DeviceScope {
   explicit DeviceScope(std::optional<c10::Device> device) : previous(current_device()) {
     if (device && device->has_index()) set_current_device(device->index());
   }
-  ~DeviceScope() { set_current_device(previous); }
+  ~DeviceScope() { restore_current_device(previous); }
 };
+
+// What torch.empty on CUDA refuses too: pinning is for CPU tensors.
+void check_not_pinned(std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "zion: only CPU tensors can be pinned; pin_memory=True was given for a ",
+              "zion tensor (pin the CPU tensor it is copied from instead)");
+}
 
 // In timing-only mode floating-point tensors (and integer ones past the
 // limit) are storage-less; see timing.h.
@@ -42,6 +48,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty supports strided tensors here, not ", *layout);
+  check_not_pinned(pin_memory);
+  at::detail::check_size_nonnegative(size);
   DeviceScope scope(device);
   const c10::ScalarType type = c10::dtype_or_default(dtype);
   const size_t nbytes = at::detail::computeStorageNbytesContiguous(size, c10::elementSize(type));
@@ -52,6 +60,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   TORCH_CHECK(!layout || *layout == c10::Layout::Strided, "zion: empty_strided supports strided tensors, not ", *layout);
+  check_not_pinned(pin_memory);
+  at::detail::check_size_nonnegative(size);
   DeviceScope scope(device);
   const c10::ScalarType type = c10::dtype_or_default(dtype);
   const size_t nbytes = at::detail::computeStorageNbytes(size, stride, c10::elementSize(type));
@@ -80,23 +90,47 @@ void ensure_storage(const at::Tensor& self, int64_t bytes_needed) {
   at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(self.storage(), static_cast<size_t>(bytes_needed));
 }
 
-const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
+// The new sizes (and strides, else contiguous) from the tensor's storage
+// offset, the storage grown to hold them: what the CPU's resize_impl_cpu_
+// does, which leaves a tensor whose sizes and strides are already these as
+// it is (a non-contiguous tensor resized to its own shape keeps its strides).
+void resize_impl(const at::Tensor& self, c10::IntArrayRef size, at::OptionalIntArrayRef stride) {
   auto* impl = self.unsafeGetTensorImpl();
-  int64_t numel = c10::multiply_integers(size);
-  impl->set_sizes_contiguous(size);
-  if (numel > 0) {
-    ensure_storage(self, (impl->storage_offset() + numel) * static_cast<int64_t>(self.element_size()));
+  if (impl->sizes() == size && (!stride || impl->strides() == *stride)) return;
+  const auto itemsize = static_cast<size_t>(self.element_size());
+  const size_t offset = static_cast<size_t>(impl->storage_offset());
+  size_t nbytes = 0;
+  if (stride) {
+    impl->set_sizes_and_strides(size, *stride);
+    nbytes = at::detail::computeStorageNbytes(size, *stride, itemsize, offset);
+  } else {
+    impl->set_sizes_contiguous(size);
+    nbytes = at::detail::computeStorageNbytesContiguous(size, itemsize, offset);
   }
-  if (format && *format != c10::MemoryFormat::Preserve) impl->empty_tensor_restride(*format);
+  if (impl->numel() > 0) ensure_storage(self, static_cast<int64_t>(nbytes));
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
+  at::detail::check_size_nonnegative(size);
+  resize_impl(self, size, std::nullopt);
+  if (format) {
+    TORCH_CHECK(*format != c10::MemoryFormat::Preserve, "Unsupported memory format", *format);
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*format);
+  }
   return self;
 }
 
+// set_(storage, offset, size, stride) as the CPU's: the offset, the sizes'
+// and strides' lengths and the storage's device are checked, and a storage
+// too small for the view is grown (a non-resizable one is refused).
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
   TORCH_CHECK(source.device().is_privateuseone(), "zion: set_ expects zion storage, got storage on ", source.device());
-  auto* impl = self.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(std::move(source));
-  impl->set_sizes_and_strides(size, stride, offset);
+  TORCH_CHECK(self.is_privateuseone(), "zion: set_ cannot give a ", self.device(), " tensor the storage of ",
+              source.device(), " (the devices must match)");
+  at::native::checkSetStorage(self, std::move(source), offset, size, stride);
+  self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  resize_impl(self, size, stride.data() != nullptr ? at::OptionalIntArrayRef(stride) : std::nullopt);
   return self;
 }
 

@@ -14,6 +14,18 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
+thread_local const Runtime* t_streams_set_under = nullptr;  // the runtime t_current_stream was set under
+
+// The thread's current streams; those set under a platform set_platform has
+// since replaced are the default streams again (the new timeline has no others).
+std::array<c10::StreamId, kMaxDevices>& current_streams() {
+  const Runtime* rt = detail::g_runtime_ptr.load(std::memory_order_acquire);
+  if (t_streams_set_under != rt) {
+    t_current_stream.fill(0);
+    t_streams_set_under = rt;
+  }
+  return t_current_stream;
+}
 
 c10::Device zion(c10::DeviceIndex index) { return {c10::DeviceType::PrivateUse1, index}; }
 
@@ -22,7 +34,7 @@ c10::Device zion(c10::DeviceIndex index) { return {c10::DeviceType::PrivateUse1,
 c10::Stream current_stream(c10::DeviceIndex device) {
   if (device < 0) device = current_device();
   check_device(device);
-  return c10::Stream(c10::Stream::UNSAFE, zion(device), t_current_stream.at(device));
+  return c10::Stream(c10::Stream::UNSAFE, zion(device), current_streams().at(device));
 }
 
 c10::Stream exchange_stream(c10::Stream stream) {
@@ -31,7 +43,7 @@ c10::Stream exchange_stream(c10::Stream stream) {
   // each node of a backward pass, and it needs no look at the timeline's streams.
   TORCH_CHECK(stream.id() == 0 || (stream.id() > 0 && stream.id() < runtime().timeline.streams(stream.device_index())),
               "zion: stream ", stream.id(), " does not exist on zion:", static_cast<int>(stream.device_index()));
-  t_current_stream.at(stream.device_index()) = stream.id();
+  current_streams().at(stream.device_index()) = stream.id();
   return previous;
 }
 
@@ -124,6 +136,8 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     runtime().timeline.wait_stream(stream.device_index(), static_cast<int>(stream.id()));
   }
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    // The timeline's tracks past the devices are the CPU sockets': not devices.
+    if (device_index >= 0) check_device(device_index);
     runtime().timeline.wait_device(device_index < 0 ? current_device() : device_index);
   }
 };

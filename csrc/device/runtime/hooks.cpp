@@ -21,6 +21,7 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     return default_generator(device_index < 0 ? current_device() : device_index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    if (device_index >= 0) check_device(device_index);
     return at::make_generator<Generator>(device_index < 0 ? current_device() : device_index);
   }
   at::Device getDeviceFromPtr(void* /*data*/) const override {
@@ -53,10 +54,10 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
     try {
       fresh = storage_less ? allocator().allocate_storage_less(device, newsize) : allocator().allocate(newsize);
     } catch (...) {
-      set_current_device(previous);
+      restore_current_device(previous);
       throw;
     }
-    set_current_device(previous);
+    restore_current_device(previous);
     size_t keep = std::min(newsize, impl->nbytes());
     if (keep && !storage_less) std::memcpy(fresh.get(), impl->data(), keep);
     impl->set_data_ptr_noswap(std::move(fresh));

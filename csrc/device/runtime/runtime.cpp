@@ -33,6 +33,7 @@ std::mutex g_mutex;  // taken to make or replace the runtime
 // (one per call).
 Runtime* g_runtime = nullptr;
 thread_local c10::DeviceIndex t_current_device = 0;
+thread_local const Runtime* t_device_set_under = nullptr;  // the runtime t_current_device was set under
 
 std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
   auto rt = std::make_unique<Runtime>();
@@ -169,11 +170,19 @@ void check_device(c10::DeviceIndex index) {
                     " devices per node (zion:0 .. zion:", static_cast<int>(n) - 1, ")");
 }
 
-c10::DeviceIndex current_device() { return t_current_device; }
+c10::DeviceIndex current_device() {
+  return t_device_set_under == g_runtime_ptr.load(std::memory_order_acquire) ? t_current_device : 0;
+}
 
 void set_current_device(c10::DeviceIndex index) {
   check_device(index);
   t_current_device = index;
+  t_device_set_under = &runtime();
+}
+
+void restore_current_device(c10::DeviceIndex index) noexcept {
+  t_current_device = index;
+  t_device_set_under = g_runtime_ptr.load(std::memory_order_acquire);
 }
 
 }  // namespace zion::device

@@ -73,8 +73,15 @@ c10::DeviceIndex device_count();
 // callers that only size things by it, as autograd's engine does at its
 // first backward pass in every process, zion used or not.
 c10::DeviceIndex device_count_unstarted();
+// The thread's current device. One set under a platform that set_platform
+// has since replaced may not exist on the new one: every thread's current
+// device is zion:0 again after set_platform (and its current streams the
+// default ones, stream.h).
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);
+// Puts back a device current_device() returned, without a check that could
+// throw: for destructors and other paths that must not fail.
+void restore_current_device(c10::DeviceIndex index) noexcept;
 // Throws an error naming the allowed range for an index that is not a device.
 void check_device(c10::DeviceIndex index);
 
