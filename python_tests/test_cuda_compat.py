@@ -314,6 +314,21 @@ def test_memory_statistics(compat):
         stats = torch.cuda.memory_stats("cuda:6")
         assert stats == torch.zion.memory_stats(6) and stats["capacity_bytes"] == {hbm}
         assert stats["allocated_bytes.all.peak"] == stats["allocated_bytes.all.current"] == base  # peak reset
+        # The rest of torch.cuda's memory calls (they reached torch._C._cuda_* and failed).
+        nested = torch.cuda.memory_stats_as_nested_dict(6)
+        assert nested["allocated_bytes"]["all"]["current"] == base and nested["capacity_bytes"] == {hbm}
+        torch.cuda.reset_accumulated_memory_stats(6)
+        assert torch.cuda.memory_stats(6)["allocation.all.allocated"] == 0
+        pinned = torch.empty(1 << 10).pin_memory()
+        assert torch.cuda.host_memory_stats()["allocated_bytes.current"] == 4096
+        del pinned
+        torch.cuda.reset_peak_host_memory_stats()
+        torch.cuda.reset_accumulated_host_memory_stats()
+        assert all(v == 0 for k, v in torch.cuda.host_memory_stats().items() if k.endswith("peak_bytes"))
+        torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=100)  # the older signature
+        y = torch.empty(256, device="cuda:6")
+        assert [s["total_size"] for s in torch.cuda.memory_snapshot()] == [1024]
+        torch.cuda.memory._record_memory_history(False)
     """)
 
 

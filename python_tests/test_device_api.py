@@ -107,6 +107,39 @@ def test_current_stream_and_stream_context():
     assert torch.zion.current_device() == 0 and torch.zion.current_stream(6).stream_id == 0
 
 
+def test_streams_and_events_are_classes_for_isinstance_and_device_minus_one_does_nothing():
+    s, e = torch.zion.Stream(), torch.zion.Event(enable_timing=True)
+    assert isinstance(s, torch.zion.Stream) and isinstance(s, torch.Stream) and isinstance(e, torch.zion.Event)
+    assert isinstance(torch.zion.current_stream(3), torch.zion.Stream)
+    assert not isinstance(torch.Stream(device="cpu"), torch.zion.Stream) and not isinstance(s, torch.zion.Event)
+    with torch.zion.device(-1), torch.zion.device(None):  # torch.cuda.device's "no change"
+        assert torch.zion.current_device() == 0
+    props = torch.zion.get_device_properties(0)
+    assert getattr(props, "major", None) is None  # a CUDA capability check reads no number
+    with pytest.raises(AttributeError, match="an OAM has no CUDA compute capability"):
+        props.minor
+
+
+def test_host_memory_peaks_are_reset_as_torch_cudas_are():
+    from zion_emu import sockets
+    socket = sockets.current_socket()
+    pinned = torch.empty(1 << 20).pin_memory()  # 4 MiB in the current socket's DDR
+    assert torch.zion.host_memory_stats()[f"ddr.socket_{socket}.in_use_bytes"] >= 4 << 20
+    del pinned
+    torch.zion.reset_peak_memory_stats()  # the device's HBM, not the DDR
+    assert torch.zion.memory_stats()[f"ddr.socket_{socket}.peak_bytes"] >= 4 << 20
+    torch.zion.reset_peak_host_memory_stats()
+    stats = torch.zion.memory_stats()
+    assert stats[f"ddr.socket_{socket}.peak_bytes"] == stats[f"ddr.socket_{socket}.in_use_bytes"]
+    assert stats["num_device_alloc"] == stats["segment.all.allocated"]  # each allocation is its own segment
+    assert stats["num_device_free"] == stats["segment.all.freed"]
+    x = torch.empty(16, device="zion")
+    assert torch.zion.memory_stats()["num_device_alloc"] == stats["num_device_alloc"] + 1
+    torch.zion.reset_accumulated_memory_stats()
+    assert torch.zion.memory_stats()["allocation.all.allocated"] == 0
+    del x
+
+
 def test_a_stream_that_does_not_exist_is_refused_and_the_current_one_stays():
     zion_type = torch.zion.current_stream().device_type  # torch.Stream's number for the zion backend
     made = torch.zion.Stream(1)
@@ -218,6 +251,35 @@ def test_set_platform_before_first_use_and_refused_after():
     assert lines[1] == "hgx-h100 OAM True"  # formulas registered from Python carry over
     assert lines[2] == ("zion: set_platform must come before any zion tensor is made; 12 bytes are allocated on "
                         "the current platform 'hgx-h100'")
+
+
+def test_set_platform_makes_zion_0_and_its_default_stream_current_again():
+    """A device or stream made current under the old platform may not exist on
+    the new one (zion:7 of 4 devices aborted the process at the next op)."""
+    out = run_python("""
+        import threading
+        import torch, zion_emu
+        torch.zion.set_device(7)
+        four = {"oam.count": 4, "pcie.switches.2.oams": [], "pcie.switches.3.oams": [],
+                "fabric.topology": "fully_connected"}
+        seen = []
+        def other_thread():
+            torch.zion.set_device(5)
+            torch.accelerator.set_stream(torch.zion.Stream(device=5))
+            done.set(); go.wait()
+            seen.append((torch.zion.current_device(), torch.accelerator.current_stream().stream_id))
+        done, go = threading.Event(), threading.Event()
+        t = threading.Thread(target=other_thread); t.start(); done.wait()
+        zion_emu.set_platform("zion", overrides=four)
+        print(torch.zion.current_device(), torch.empty(1, device="zion").device)
+        torch.accelerator.set_stream(torch.zion.Stream(device=0))
+        print(torch.accelerator.current_stream().stream_id)
+        go.set(); t.join()
+        print(seen)
+        zion_emu.set_platform("hgx-h100")
+        print(torch.accelerator.current_stream().stream_id, torch.ones(2, device="zion").add_(1).tolist())
+    """).stdout
+    assert out.splitlines() == ["0 zion:0", "1", "[(0, 0)]", "0 [2.0, 2.0]"]
 
 
 def test_the_platform_is_chosen_through_zion_emu_and_torch_zion_has_no_say():

@@ -446,6 +446,17 @@ def _cuda_module_functions() -> dict[str, Any]:
     def is_bf16_supported(including_emulation: bool = True) -> bool:
         return "bf16" in z.get_device_properties().peak_flops
 
+    def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+        """memory_stats with its dotted keys as nested dicts, as torch.cuda's."""
+        nested: dict[str, Any] = {}
+        for key, value in z.memory_stats(device).items():
+            *path, last = key.split(".")
+            node = nested
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+        return nested
+
     def is_current_stream_capturing() -> bool:
         return False  # zion has no stream capture, so nothing is ever capturing
 
@@ -471,6 +482,12 @@ def _cuda_module_functions() -> dict[str, Any]:
         # torch.cuda.memory's history and snapshots: zion's (zion_emu.memory).
         "_record_memory_history": zion_memory._record_memory_history, "_snapshot": zion_memory._snapshot,
         "_dump_snapshot": zion_memory._dump_snapshot,
+        "memory_snapshot": lambda *_args, **_kwargs: zion_memory._snapshot()["segments"],
+        "memory_stats_as_nested_dict": with_index(memory_stats_as_nested_dict),
+        "reset_accumulated_memory_stats": with_index(z.reset_accumulated_memory_stats),
+        "host_memory_stats": z.host_memory_stats, "reset_peak_host_memory_stats": z.reset_peak_host_memory_stats,
+        # The DDR pools keep no counts of what was allocated and freed over time: nothing to reset.
+        "reset_accumulated_host_memory_stats": lambda: None,
     }
     return names
 

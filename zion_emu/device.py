@@ -58,6 +58,12 @@ def set_device(device: Any) -> None:
     _native.set_device(_index(device))
 
 
+# What a script reading torch.cuda's compute capability from a zion device's
+# properties is told (an AttributeError, so getattr(props, "major", 0) works).
+_NO_CAPABILITY = ("zion: an OAM has no CUDA compute capability (major, minor); what it runs fast is in "
+                  "peak_flops (e.g. 'bf16' in props.peak_flops)")
+
+
 @dataclass(frozen=True)
 class DeviceProperties:
     """One zion device (an OAM of the platform), as ``get_device_properties``
@@ -74,6 +80,14 @@ class DeviceProperties:
     # The model prices an OAM as one roofline, not as a grid of cores; code
     # that sizes work by torch.cuda's multi_processor_count sees one.
     multi_processor_count: int = 1
+
+    @property
+    def major(self) -> int:
+        raise AttributeError(_NO_CAPABILITY)
+
+    @property
+    def minor(self) -> int:
+        raise AttributeError(_NO_CAPABILITY)
 
     def peak_flops_for(self, dtype: torch.dtype) -> float:
         """Peak FLOP/s for a torch dtype (float32 is fp32, not tf32)."""
@@ -106,18 +120,21 @@ def get_device_name(device: Any = None) -> str:
 
 
 class device:
-    """Context manager that makes ``device`` current, like ``torch.cuda.device``."""
+    """Context manager that makes ``device`` current, like
+    ``torch.cuda.device``; -1 or None does nothing, as there."""
 
     def __init__(self, device: Any) -> None:
-        self.index = _index(device)
+        self.index = -1 if device is None or (isinstance(device, int) and device == -1) else _index(device)
         self.previous = -1
 
     def __enter__(self) -> None:
-        self.previous = current_device()
-        set_device(self.index)
+        if self.index >= 0:
+            self.previous = current_device()
+            set_device(self.index)
 
     def __exit__(self, *exc: object) -> None:
-        set_device(self.previous)
+        if self.index >= 0:
+            set_device(self.previous)
 
 
 def synchronize(device: Any = None) -> None:
@@ -129,15 +146,40 @@ def synchronize(device: Any = None) -> None:
     _native.synchronize(_index(device))
 
 
-def Stream(device: Any = None, priority: int = 0) -> torch.Stream:  # noqa: N802  (torch.cuda.Stream's name)
+class _OnZion(type):
+    """torch.zion.Stream and Event are classes, as torch.cuda's are, for
+    ``isinstance`` and annotations; calling one makes torch's generic
+    torch.Stream or torch.Event on a zion device (``_make``), and every such
+    object on a zion device is an instance."""
+
+    _generic: type
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls._generic) and torch.device(obj.device).type == "zion"
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls._make(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+class Stream(metaclass=_OnZion):
     """A new stream on a zion device: its own virtual clock."""
-    return torch.Stream(device=torch.device("zion", _index(device)), priority=priority)
+
+    _generic = torch.Stream
+
+    @staticmethod
+    def _make(device: Any = None, priority: int = 0) -> torch.Stream:
+        return torch.Stream(device=torch.device("zion", _index(device)), priority=priority)
 
 
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+class Event(metaclass=_OnZion):
     """An event on the current zion device; ``elapsed_time`` is in modeled milliseconds."""
-    return torch.Event(device=torch.device("zion", current_device()), enable_timing=enable_timing,
-                       blocking=blocking, interprocess=interprocess)
+
+    _generic = torch.Event
+
+    @staticmethod
+    def _make(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+        return torch.Event(device=torch.device("zion", current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: Any = None) -> torch.Stream:
@@ -229,13 +271,37 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     index = _index(device)
     out = dict(torch.accelerator.memory_stats(index))
     out["capacity_bytes"] = _native.memory_stats(index)["capacity"]
+    out.update(_ddr_stats())
+    return out
+
+
+def _ddr_stats() -> dict[str, int]:
     host = _C.host_memory
+    out = {}
     for s in range(host.sockets()):
         ddr = host.stats(s)
         out[f"ddr.socket_{s}.in_use_bytes"] = ddr["in_use"]
         out[f"ddr.socket_{s}.peak_bytes"] = ddr["peak"]
         out[f"ddr.socket_{s}.capacity_bytes"] = ddr["capacity"]
+        out[f"ddr.socket_{s}.allocations"] = ddr["allocations"]
     return out
+
+
+def host_memory_stats() -> dict[str, int]:
+    """The CPU sockets' DDR pools (pinned buffers, tensors placed by
+    zion_emu.socket), as torch.cuda.host_memory_stats reports pinned host
+    memory: ``allocated_bytes.current`` and ``allocations.current`` over all
+    sockets, and each socket's ``ddr.socket_<i>.*`` as in memory_stats."""
+    out = _ddr_stats()
+    sockets = range(_C.host_memory.sockets())
+    return {"allocated_bytes.current": sum(out[f"ddr.socket_{s}.in_use_bytes"] for s in sockets),
+            "allocations.current": sum(out[f"ddr.socket_{s}.allocations"] for s in sockets), **out}
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Every socket's DDR peak starts again from what it holds now."""
+    for s in range(_C.host_memory.sockets()):
+        _C.host_memory.reset_peak(s)
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -255,7 +321,14 @@ def max_memory_reserved(device: Any = None) -> int:
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
+    """The device's HBM peaks start again from what it holds now; the DDR
+    peaks memory_stats also reports are reset_peak_host_memory_stats'."""
     _native.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """The device's counts of allocations and bytes allocated and freed start again from zero."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
 def empty_cache() -> None:

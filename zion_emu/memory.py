@@ -21,11 +21,35 @@ _native = _C.memory
 DEFAULT_MAX_ENTRIES = 1_000_000  # torch.cuda.memory's default, a sys.maxsize, would be unbounded
 
 
-def _record_memory_history(enabled: Literal["state", "all"] | None = "all",
-                           context: Literal["state", "alloc", "all"] | None = "all",
-                           stacks: Literal["python", "all"] = "all",
-                           max_entries: int = DEFAULT_MAX_ENTRIES, device: Any = None,
-                           clear_history: bool = False) -> None:
+def _record_memory_history(enabled: Literal["state", "all"] | bool | None = "all", *args: Any, **kwargs: Any) -> None:
+    """Starts (``enabled="all"`` or ``"state"``) or stops (``None``) recording:
+    :func:`_record_memory_history_current`. As torch.cuda's, a bool
+    ``enabled`` is the older signature, :func:`_record_memory_history_legacy`."""
+    if isinstance(enabled, bool):
+        _record_memory_history_legacy(enabled, *args, **kwargs)
+    else:
+        _record_memory_history_current(enabled, *args, **kwargs)
+
+
+def _record_memory_history_legacy(enabled: bool, record_context: bool = True, trace_alloc_max_entries: int = 1,
+                                  trace_alloc_record_context: bool = False, device: Any = None,
+                                  record_context_cpp: bool = False, clear_history: bool = False,
+                                  **_ignored: Any) -> None:
+    """torch.cuda.memory's older signature: ``enabled`` a bool, the stacks
+    kept with ``record_context``, the last ``trace_alloc_max_entries``
+    events (1, its default, keeps the live blocks and the last event)."""
+    if not isinstance(trace_alloc_max_entries, int) or trace_alloc_max_entries <= 0:
+        raise ValueError(f"zion: _record_memory_history(trace_alloc_max_entries={trace_alloc_max_entries!r}): must "
+                         "be a positive int")
+    _record_memory_history_current("all" if enabled else None, "all" if record_context else None,
+                                   max_entries=trace_alloc_max_entries, clear_history=clear_history)
+
+
+def _record_memory_history_current(enabled: Literal["state", "all"] | None = "all",
+                                   context: Literal["state", "alloc", "all"] | None = "all",
+                                   stacks: Literal["python", "all"] = "all",
+                                   max_entries: int = DEFAULT_MAX_ENTRIES, device: Any = None,
+                                   clear_history: bool = False) -> None:
     """Starts (``enabled="all"`` or ``"state"``) or stops (``None``) recording
     every HBM allocation, free and out-of-memory error of every zion device,
     with the Python stack that made it (``context=None``: no stacks; zion

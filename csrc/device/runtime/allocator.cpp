@@ -49,7 +49,8 @@ size_t pool_of(size_t nbytes) {
 // of its own, active, reserved for exactly the bytes requested. So a pool's
 // statistics keep allocated bytes and allocations only (per StatType), and
 // the reserved, active and requested bytes, segments and active blocks,
-// which equal them, are filled in when the statistics are read.
+// which equal them, are filled in when the statistics are read, as are the
+// device allocations and frees (each allocation is one, as a cudaMalloc).
 void count(c10::CachingDeviceAllocator::DeviceStats& stats, size_t nbytes, int sign) {
   const size_t pool = pool_of(nbytes);
   if (sign > 0) {
@@ -68,6 +69,8 @@ void count(c10::CachingDeviceAllocator::DeviceStats& stats, size_t nbytes, int s
 c10::CachingDeviceAllocator::DeviceStats with_equal_stats(c10::CachingDeviceAllocator::DeviceStats stats) {
   stats.reserved_bytes = stats.active_bytes = stats.requested_bytes = stats.allocated_bytes;
   stats.segment = stats.active = stats.allocation;
+  stats.num_device_alloc = stats.allocation[kAggregate].allocated;
+  stats.num_device_free = stats.allocation[kAggregate].freed;
   return stats;
 }
 
