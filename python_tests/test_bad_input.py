@@ -174,7 +174,11 @@ def test_cli_errors_from_a_real_process_are_one_line_and_exit_code_2(script):
 
 @pytest.mark.slow
 def test_a_trace_that_cannot_be_written_still_finishes_the_run_and_says_so(script, tmp_path):
-    target = tmp_path / "no" / "such" / "dir" / "trace.json"
+    # The folder exists when the run starts (a missing one is refused then)
+    # and is gone when the trace is written: the script removes it.
+    target = tmp_path / "gone" / "trace.json"
+    target.parent.mkdir()
+    script.write_text(script.read_text() + f"import os; os.rmdir({str(target.parent)!r})\n")
     proc = _cli("run", "--trace", str(target), str(script))
     assert "script finished" in proc.stdout
     assert "modeled" in proc.stdout.lower()  # the report is printed
