@@ -235,3 +235,90 @@ def _host_worker(rank: int, nprocs: int, store: str) -> None:
 @pytest.mark.multiproc
 def test_cpu_tensors_and_object_collectives_go_through_gloo_unmodeled(tmp_path):
     _spawn(_host_worker, 2, tmp_path)
+
+
+def _p2p_work_worker(rank: int, nprocs: int, store: str) -> None:
+    """Point-to-point as NCCL and gloo behave: tags pair transfers, a pending
+    Work is polled and waited with a timeout without blocking its peer, and a
+    future of a pending receive completes when the data arrives."""
+    import time
+    from datetime import timedelta
+
+    gloo = _init(rank, nprocs, store)
+    # Tags: received in the other order than sent, each pairs with its tag
+    # (they were paired by order: "send of 8 bytes, but rank 1 receives 12").
+    if rank == 0:
+        a = dist.isend(torch.ones(2, device="zion"), 1, tag=1)
+        b = dist.isend(torch.full((3,), 2.0, device="zion"), 1, tag=2)
+        a.wait()
+        b.wait()
+    else:
+        three, two = torch.empty(3, device="zion"), torch.empty(2, device="zion")
+        w3, w2 = dist.irecv(three, 0, tag=2), dist.irecv(two, 0, tag=1)
+        w3.wait()
+        w2.wait()
+        assert two.tolist() == [1.0, 1.0] and three.tolist() == [2.0, 2.0, 2.0]
+
+    # A receive whose sender first waits for this rank: is_completed and
+    # get_future answer at once (they finished the receive, and deadlocked).
+    if rank == 0:
+        hello = torch.empty(2, device="zion")
+        dist.recv(hello, 1)
+        dist.send(torch.full((3,), 7.0, device="zion"), 1)
+        dist.send(torch.full((3,), 8.0, device="zion"), 1)
+    else:
+        x, y = torch.empty(3, device="zion"), torch.empty(3, device="zion")
+        wx, wy = dist.irecv(x, 0), dist.irecv(y, 0)
+        started = time.monotonic()
+        assert not wx.is_completed()
+        future = wy.get_future()
+        assert time.monotonic() - started < 5 and not future.done()
+        dist.send(torch.ones(2, device="zion"), 0)
+        assert future.wait()[0].tolist() == [8.0, 8.0, 8.0]
+        while not wx.is_completed():
+            time.sleep(0.01)
+        wx.wait()
+        assert x.tolist() == [7.0, 7.0, 7.0] and wx.is_success()
+
+    # wait(timeout) bounds the wait for a sender that is late.
+    if rank == 1:
+        late = torch.empty(1, device="zion")
+        w = dist.irecv(late, 0)
+        with pytest.raises(dist.DistBackendError, match="did not complete within the 300 ms timeout"):
+            w.wait(timeout=timedelta(milliseconds=300))
+        dist.barrier(group=gloo)
+        w.wait()
+        assert late.tolist() == [5.0]
+    else:
+        dist.barrier(group=gloo)
+        dist.send(torch.full((1,), 5.0, device="zion"), 1)
+
+    # The stacked forms NCCL takes: an all_gather output of (ranks, n) and a
+    # reduce_scatter input of (ranks, n); and an all_reduce of a channels_last
+    # tensor. Results equal gloo's on the CPU.
+    x = _data(rank, (4,), seed=21)
+    out = torch.empty(nprocs, 4, device="zion")
+    dist.all_gather_into_tensor(out, x.to("zion"))
+    ref = torch.empty(nprocs * 4)
+    dist.all_gather_into_tensor(ref, x, group=gloo)
+    assert torch.equal(out.cpu().view(-1), ref)
+    whole = _data(rank, (nprocs, 4), seed=22)
+    part = torch.empty(4, device="zion")
+    dist.reduce_scatter_tensor(part, whole.to("zion"))
+    ref = torch.empty(4)
+    dist.reduce_scatter_tensor(ref, whole.view(-1), group=gloo)
+    assert torch.equal(part.cpu(), ref)
+    image = _data(rank, (2, 3, 4, 5), seed=23).contiguous(memory_format=torch.channels_last)
+    z = image.to("zion")
+    assert z.is_contiguous(memory_format=torch.channels_last)
+    dist.all_reduce(z)
+    dist.all_reduce(image, group=gloo)
+    assert torch.equal(z.cpu(), image)
+    with pytest.raises(RuntimeError, match="needs tensors dense in their memory format"):
+        dist.all_reduce(torch.ones(3, 4, device="zion").t())
+    dist.barrier(group=gloo)
+
+
+@pytest.mark.multiproc
+def test_point_to_point_works_tags_timeouts_and_the_stacked_forms_behave_as_nccls(tmp_path):
+    _spawn(_p2p_work_worker, 2, tmp_path)

@@ -79,7 +79,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::endCoalescing() {
     for (const auto& w : works) end = std::max(end, w->end());
     return end;
   };
-  return c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::COALESCED, device, comm, finish, std::move(outputs));
+  auto ready = [works] {
+    return std::all_of(works.begin(), works.end(), [](const auto& w) { return w->isCompleted(); });
+  };
+  return c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::COALESCED, device, comm, finish, ready,
+                                       std::move(outputs));
 }
 
 }  // namespace zion::dist

@@ -3,7 +3,8 @@
 // and how many bytes it moves, under a key numbered per (sender, receiver)
 // pair, and reads the other side's. The transfer then starts at the later of
 // the two, lasts sim's send_recv time between the two devices and ends at the
-// same virtual time on both. Sizes are checked before gloo sees the receive
+// same virtual time on both. Transfers pair in issue order per (peer, tag),
+// as gloo's and NCCL's do: a send tagged 2 meets the receive tagged 2. Sizes are checked before gloo sees the receive
 // (gloo aborts the process on a size mismatch): both sides raise.
 //
 // Neither call blocks, as gloo's and NCCL's do not: a receive whose sender
@@ -94,8 +95,9 @@ PeerSide side_of(const TransferEnd& e, int global_device, bool storage_less) {
   return {e.start, e.bytes, static_cast<double>(global_device), e.host ? 1.0 : 0.0, storage_less ? 1.0 : 0.0};
 }
 
-std::string key(int src, int dst, int64_t seq, const char* side) {
-  return "zion/p2p/" + std::to_string(src) + ">" + std::to_string(dst) + "/" + std::to_string(seq) + "/" + side;
+std::string key(int src, int dst, int tag, int64_t seq, const char* side) {
+  return "zion/p2p/" + std::to_string(src) + ">" + std::to_string(dst) + "/" + std::to_string(tag) + "/" +
+         std::to_string(seq) + "/" + side;
 }
 
 // A receive posted to gloo (none when the sender has no bytes), and what its sender said.
@@ -144,12 +146,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    seq = send_seq_[dst]++;
+    seq = send_seq_[{dst, tag}]++;
   }
   const TransferEnd end = transfer_end(t);
   const bool no_bytes = device::is_storage_less(t);
   const PeerSide mine = side_of(end, placement_.device, no_bytes);
-  store_->set(key(getRank(), dst, seq, "send"), encode(mine));
+  store_->set(key(getRank(), dst, tag, seq, "send"), encode(mine));
   std::vector<at::Tensor> data;
   c10::intrusive_ptr<c10d::Work> gloo_work;
   if (!no_bytes) {
@@ -160,13 +162,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
 
   const int rank = getRank();
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
-  auto finish = [self, gloo_work, data, end, mine, dst, seq, rank]() -> sim::Seconds {
-    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, seq, "recv"), mine, true, dst);
+  auto finish = [self, gloo_work, data, end, mine, dst, tag, seq, rank]() -> sim::Seconds {
+    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, tag, seq, "recv"), mine, true, dst);
     if (gloo_work) gloo_work->wait();
     if (end.host) return 0;
     return self->charge_transfer("send", end, static_cast<int>(mine.device), static_cast<int>(theirs.device), theirs.start);
   };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, end.device, end.comm, finish, tensors));
+  // Ready once the receiver has posted its side: gloo's send then completes.
+  auto ready = [self, dst, tag, seq, rank] { return self->store_->check({key(rank, dst, tag, seq, "recv")}); };
+  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, end.device, end.comm, finish, ready, tensors));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
@@ -179,16 +183,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   std::shared_future<void> previous;  // the last receive from `src` still being posted
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    seq = recv_seq_[src]++;
-    previous = pending_recv_[src];
+    seq = recv_seq_[{src, tag}]++;
+    previous = pending_recv_[{src, tag}];
   }
   const TransferEnd end = transfer_end(t);
   const bool no_bytes = device::is_storage_less(t);
   const PeerSide mine = side_of(end, placement_.device, no_bytes);
-  store_->set(key(src, getRank(), seq, "recv"), encode(mine));
+  store_->set(key(src, getRank(), tag, seq, "recv"), encode(mine));
 
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
-  const std::string theirs_key = key(src, getRank(), seq, "send");
+  const std::string theirs_key = key(src, getRank(), tag, seq, "send");
   // Without bytes of its own, a receive from a real sender lands in scratch.
   std::vector<at::Tensor> data{no_bytes ? at::empty({static_cast<int64_t>(end.bytes)}, at::kByte) : gloo_owning_view(t)};
   // Reads the sender's side (waiting for its send), checks it and posts the
@@ -212,7 +216,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
     auto done = std::make_shared<std::promise<void>>();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      pending_recv_[src] = done->get_future().share();
+      pending_recv_[{src, tag}] = done->get_future().share();
     }
     posted = std::async(std::launch::async, [post, previous, done]() -> PostedRecv {
                if (previous.valid()) previous.wait();
@@ -237,7 +241,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
     if (end.host) return 0;
     return self->charge_transfer("recv", end, static_cast<int>(r.sender.device), static_cast<int>(mine.device), r.sender.start);
   };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, tensors));
+  // Ready once the sender's side is read and the receive posted to gloo.
+  auto ready = [posted] { return posted.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, ready, tensors));
 }
 
 }  // namespace zion::dist

@@ -45,7 +45,15 @@ std::string tensor_problem(const at::Tensor& t, Call call, c10::DeviceIndex devi
            "; one collective works on one device per rank";
   }
   if (t.layout() != c10::kStrided) return where + "sparse tensors are not supported yet";
-  if (!t.is_contiguous()) return where + "needs contiguous tensors (as gloo and NCCL do); call .contiguous() first";
+  // An element-wise call takes a tensor dense in its own memory format
+  // (channels_last), as NCCL does; the others, whose tensors are cut into or
+  // stacked from pieces, take contiguous ones.
+  const bool element_wise = call == Call::kAllReduce || call == Call::kBroadcast || call == Call::kReduce;
+  if (element_wise ? !t.is_contiguous(t.suggest_memory_format()) : !t.is_contiguous()) {
+    return where + (element_wise ? "needs tensors dense in their memory format (contiguous or channels_last), as NCCL "
+                                   "does; call .contiguous() first"
+                                 : "needs contiguous tensors, as NCCL does; call .contiguous() first");
+  }
   return {};
 }
 
@@ -307,7 +315,12 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_tensor_pairs(Call call, std::
   p.side.numel = numel(part);
   p.side.reduce_op = reduce_op;
   p.request.bytes = nbytes(whole);  // nccl-tests counts all_gather's output, reduce_scatter's input
-  if (ranks_.all()) return run_pairs(std::move(p), outputs, inputs, type, gloo_call);
+  // Flat, as NCCL reads them: an output stacked as (ranks, n) gathers as one of ranks x n.
+  PairCall flat = [&](at::Tensor& out, at::Tensor& in) {
+    at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+    return gloo_call(flat_out, flat_in);
+  };
+  if (ranks_.all()) return run_pairs(std::move(p), outputs, inputs, type, flat);
   // Absent ranks: the present ranks' pieces of the gathered side, as lists;
   // an all_gather's pieces of absent ranks are their counterparts'.
   PairCall present_pieces = [&](at::Tensor& out, at::Tensor& in) {

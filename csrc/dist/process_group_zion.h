@@ -237,10 +237,12 @@ class ProcessGroupZion : public c10d::Backend {
 
   mutable std::mutex mutex_;  // comm streams, sequence numbers, the last record
   std::map<int, int> comm_streams_;  // local device -> its communication stream
-  std::map<int, int64_t> send_seq_, recv_seq_;  // per peer
-  // Per source: ready once the last receive from it is posted to gloo
+  // Point-to-point, per (peer, tag): transfers are paired in issue order
+  // within a tag, as gloo and NCCL pair them.
+  std::map<std::pair<int, int>, int64_t> send_seq_, recv_seq_;
+  // Per (source, tag): ready once the last receive from it is posted to gloo
   // (point_to_point.cpp), so later ones are posted after it.
-  std::map<int, std::shared_future<void>> pending_recv_;
+  std::map<std::pair<int, int>, std::shared_future<void>> pending_recv_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<ZionWork>> batch_;  // works since startCoalescing
   CommRecord last_;

@@ -20,27 +20,36 @@ class ZionWork : public c10d::Work {
   // Finishes the communication: waits for the data and returns the virtual
   // time at which it ends on the communication stream.
   using Finish = std::function<sim::Seconds()>;
+  // Whether finish would return without waiting for the peer (it has done
+  // its side): isCompleted's poll and wait's timeout ask it.
+  using Ready = std::function<bool()>;
 
   // A communication that ended at `end` on `comm_stream` of `device`
   // (device -1: CPU tensors, on no modeled timeline).
   ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, sim::Seconds end,
            std::vector<at::Tensor> outputs);
-  // One still in flight: `finish` runs once, on the first wait().
-  ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, Finish finish,
+  // One still in flight: `finish` runs once, on the first wait() (or
+  // isCompleted() once `ready`, or the future's own thread).
+  ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, Finish finish, Ready ready,
            std::vector<at::Tensor> outputs);
 
   // A barrier also holds the host until the end: it is how a script
   // lines its ranks up.
   void hold_host() { hold_host_ = true; }
 
+  // Never blocks: false while the peer has not done its side; an error is
+  // completion too, reported by exception() and rethrown by wait().
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A timeout bounds the wait for the peer: past it, a DistBackendError.
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override { wait(); }
   // Completed at the communication's end on the communication stream: a
-  // callback or fut.wait() makes its current stream wait for that time.
+  // callback or fut.wait() makes its current stream wait for that time. For
+  // a transfer still in flight a thread of its own finishes it, so neither
+  // this call nor the peer waits for the caller's wait().
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   sim::Seconds end();
@@ -49,6 +58,7 @@ class ZionWork : public c10d::Work {
 
  private:
   void finish();
+  void complete_future();
 
   c10::DeviceIndex device_;
   int comm_stream_;
@@ -57,6 +67,7 @@ class ZionWork : public c10d::Work {
 
   std::mutex mutex_;
   Finish finish_;
+  Ready ready_;
   bool finished_ = false;
   sim::Seconds end_ = 0;
   std::exception_ptr error_;
