@@ -164,6 +164,35 @@ def test_a_fused_backward_reads_and_writes_each_row_with_its_optimizer_state(opt
     assert not cost.guessed
 
 
+def test_fbgemm_ops_with_cpu_only_autograd_give_zion_the_cpu_gradients():
+    # permute_pooled_embs_auto_grad_split (column-wise sharding's permute of
+    # pooled embeddings) has an AutogradCPU kernel only: on zion it ran below
+    # autograd and its input's gradient was None. Every such fbgemm op now
+    # has a zion autograd kernel, fbgemm's own glue on CPU aliases.
+    done = run_python("""
+        import torch, zion_emu, fbgemm_gpu
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("fbgemm::")]
+        cpu_only = [n for n in names if has(n, "AutogradCPU") and not has(n, "Autograd")]
+        assert "fbgemm::permute_pooled_embs_auto_grad_split" in cpu_only
+        assert [n for n in cpu_only if not has(n, "AutogradPrivateUse1")] == [], cpu_only
+
+        def run(device):
+            x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
+            offsets = torch.tensor([0, 4, 8, 12, 16], device=device)
+            order = torch.tensor([0, 2, 1, 3], device=device)
+            y = torch.ops.fbgemm.permute_pooled_embs_auto_grad_split(x, offsets, order, offsets, order)
+            (y * torch.arange(48.0, device=device).reshape(3, 16)).sum().backward()
+            return y.detach().cpu(), x.grad.cpu()
+
+        (y_cpu, g_cpu), (y_zion, g_zion) = run("cpu"), run("zion")
+        assert torch.equal(y_cpu, y_zion) and torch.equal(g_cpu, g_zion)
+        from zion_emu import cost
+        assert not [op for op in cost.guessed_ops(0) if op.startswith("fbgemm::")], cost.guessed_ops(0)
+    """)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_cpu_kernel_that_records_its_own_autograd_graph_is_refused():
     # Like fbgemm's DENSE lookup, this op keeps its autograd inside its CPU
     # kernel and has no autograd kernel. Through zion's fallback the graph

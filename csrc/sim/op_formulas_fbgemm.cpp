@@ -152,7 +152,8 @@ std::vector<std::pair<std::string, WorkFormula>> fbgemm_op_formulas() {
   for (const char* name : {"permute_2D_sparse_data", "permute_1D_sparse_data", "block_bucketize_sparse_features",
                            "asynchronous_complete_cumsum", "asynchronous_exclusive_cumsum",
                            "asynchronous_inclusive_cumsum", "bounds_check_indices", "permute_pooled_embs",
-                           "permute_pooled_embs_auto_grad", "get_infos_metadata"}) {
+                           "permute_pooled_embs_auto_grad", "permute_pooled_embs_split",
+                           "permute_duplicate_pooled_embs_split", "get_infos_metadata"}) {
     add(name, sparse_data_pass);
   }
   return table;

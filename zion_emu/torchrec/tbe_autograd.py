@@ -3,8 +3,10 @@
 fbgemm registers its TBE lookup ops (``fbgemm::split_embedding_codegen_lookup_
 <optimizer>_function_pt2`` and friends) for CUDA, Meta and Autograd only, and
 the Autograd kernel takes its host path only for weights that are CPU (or
-MTIA) tensors. On zion the AutogradPrivateUse1 kernel registered here runs
-that same Autograd kernel, fbgemm's own glue, on zero-copy CPU aliases of the
+MTIA) tensors. Other fbgemm ops have an AutogradCPU kernel and no autograd
+for any other device (``permute_pooled_embs_auto_grad_split``, which
+column-wise sharding calls, and the batched index selects). On zion the AutogradPrivateUse1 kernel registered here runs
+that same autograd kernel, fbgemm's own glue, on zero-copy CPU aliases of the
 zion tensors, while a dispatch mode sends every op the glue calls on those
 aliases (the ``*_pt2_wrapper`` forward and backward kernels, the real work)
 back to zion. There they go through the fallback like any op: the CPU kernel
@@ -179,11 +181,19 @@ def _dense_kernel(*args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 def _has_host_glue(name: str) -> bool:
-    """A TBE lookup op whose autograd is fbgemm's device-checking Autograd kernel."""
+    """An op whose autograd is fbgemm's host glue: a TBE lookup's
+    device-checking Autograd kernel, or an AutogradCPU kernel with no
+    Autograd kernel for other devices (the permutes of pooled embeddings
+    that column-wise sharding calls, the batched index selects). Without a
+    zion kernel the latter ran on zion below autograd, and their inputs'
+    gradients were silently lost."""
+    def has(key: str) -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+
     base = name.split("::", 1)[1].split(".")[0]
-    if not base.startswith(("split_embedding_codegen_lookup_", "ssd_embedding_codegen_lookup_")):
-        return False
-    return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("Autograd", "AutogradCPU"))
+    if base.startswith(("split_embedding_codegen_lookup_", "ssd_embedding_codegen_lookup_")):
+        return has("Autograd") or has("AutogradCPU")
+    return has("AutogradCPU") and not has("Autograd") and not has("AutogradPrivateUse1")
 
 
 def install() -> list[str]:
