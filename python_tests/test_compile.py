@@ -293,3 +293,28 @@ def test_the_report_counts_compiled_kernels_per_device():
     (row,) = [line for line in text.splitlines() if line.strip().startswith("zion:0") and " 3 " in line
               and "100.0 %" in line]
     assert row
+
+
+def test_a_compiled_model_under_zion_emu_run_is_one_graph_of_compiled_kernels(tmp_path):
+    # run tracks inference forwards with global module hooks; inside a graph
+    # Dynamo traces they must do nothing (a lock there broke the graph at
+    # every submodule, so the model ran eagerly: 0 compiled kernels).
+    from processes import child_env, zion_emu_cli
+
+    script = tmp_path / "compiled.py"
+    script.write_text(
+        "import torch, zion_emu\n"
+        "from torch._dynamo.utils import counters\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to('zion')\n"
+        "x = torch.randn(8, 16, device='zion')\n"
+        "compiled = torch.compile(m)\n"
+        "for _ in range(2):\n"
+        "    compiled(x).sum().backward()\n"
+        "with torch.no_grad():\n"
+        "    compiled.eval()(x).cpu()\n"
+        "print('graphs', counters['stats']['unique_graphs'], 'breaks', sum(counters['graph_break'].values()),\n"
+        "      'kernels', zion_emu.counters(0).compiled_kernels)\n")
+    done = zion_emu_cli("run", "--quiet-report", str(script), timeout_s=300,
+                        env=child_env(TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+    (line,) = [line.split() for line in done.stdout.splitlines() if line.startswith("graphs ")]
+    assert line[:4] == ["graphs", "2", "breaks", "0"] and int(line[5]) > 0, done.stdout

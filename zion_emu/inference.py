@@ -112,6 +112,12 @@ def queries() -> list[tuple[float, float]]:
 
 def _pre_hook(module: torch.nn.Module, args: Any) -> None:
     global _forward_depth
+    # Inside a graph torch.compile traces (the submodules of a compiled
+    # module) the hooks do nothing: a lock there would break the graph at
+    # every module. The compiled module's own call, the top level, runs its
+    # hooks eagerly and is counted.
+    if torch.compiler.is_compiling():
+        return
     with _lock:
         _forward_depth += 1
         top = _forward_depth == 1
@@ -124,6 +130,8 @@ def _pre_hook(module: torch.nn.Module, args: Any) -> None:
 
 def _post_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
     global _forward_depth
+    if torch.compiler.is_compiling():
+        return
     with _lock:
         _forward_depth = max(_forward_depth - 1, 0)
 
