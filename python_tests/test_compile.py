@@ -318,3 +318,24 @@ def test_a_compiled_model_under_zion_emu_run_is_one_graph_of_compiled_kernels(tm
                         env=child_env(TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"]))
     (line,) = [line.split() for line in done.stdout.splitlines() if line.startswith("graphs ")]
     assert line[:4] == ["graphs", "2", "breaks", "0"] and int(line[5]) > 0, done.stdout
+
+
+def test_in_timing_only_mode_a_zion_graph_runs_with_aot_eager_and_says_why():
+    # Inductor's kernels would run on tensors without bytes (it crashed the
+    # process); op by op, zion prices them without bytes.
+    from processes import child_env, run_python
+
+    done = run_python("""
+        import warnings
+        import torch, zion_emu
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to("zion")
+        x = torch.randn(8, 16, device="zion")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(m)(x).sum().backward()
+        assert zion_emu.mode() == "timing" and m[0].weight.grad is not None
+        print(zion_emu.inductor.fallbacks()[0])
+        print(any("compiled with aot_eager" in str(w.message) for w in caught), zion_emu.clock() > 0)
+    """, timeout_s=300, env=child_env(ZION_MODE="timing", TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+    assert done.stdout.splitlines() == ["timing-only mode: compiled kernels would run on tensors that hold no bytes",
+                                        "True True"], done.stdout + done.stderr

@@ -20,6 +20,7 @@ import torch._inductor.compile_fx as inductor_compile_fx
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from zion_emu import _timing
 from zion_emu.inductor import codegen
 from zion_emu.inductor.graph_as_cpu import CpuView, Refusal, zion_device_index
 
@@ -95,6 +96,10 @@ def compile_fx(original: Callable[..., Any], model_: Any, example_inputs_: Seque
         raise NotImplementedError("zion: AOTInductor (torch._inductor.aoti_compile_and_package, aot_compile) "
                                   f"cannot compile a graph on zion:{index}; export it on the CPU")
     why = _unsupported(kwargs.get("config_patches"))
+    if why is None and _timing.mode() == "timing":
+        # Inductor's kernels would read and write the bytes that a timing-only
+        # tensor does not have; op by op, zion prices them without bytes.
+        why = "timing-only mode: compiled kernels would run on tensors that hold no bytes"
     if why is not None:
         return fall_back(model_, example_inputs_, why)
 
