@@ -227,6 +227,13 @@ def test_table_placement_needs_zion():
     assert r.returncode == 2 and "--table-placement ddr" in r.stderr and "needs --device zion" in r.stderr
 
 
+def test_an_unknown_platform_is_a_usage_error():
+    r = run([PYTHON, str(EXAMPLE), "--config", "tiny", "--device", "zion", "--platform", "nope"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("dlrm.py: error: --platform nope: unknown platform 'nope'; presets: hgx-a100, hgx-h100, "
+                                "zion, zionex (or give the path of a .json file)")
+
+
 @pytest.mark.parametrize("budget", ["lots", "-1G"])
 def test_a_bad_hbm_budget_is_a_clear_error(budget):
     r = run([PYTHON, str(EXAMPLE), "--config", "tiny", "--device", "zion", "--table-placement", "auto",

@@ -320,7 +320,10 @@ def setup(args: argparse.Namespace) -> Run:
         import zion_emu.distributed  # noqa: F401  (registers the zion process-group backend)
 
         if args.platform is not None:
-            zion_emu.set_platform(args.platform)
+            try:
+                zion_emu.set_platform(args.platform)
+            except zion_emu.ConfigError as e:
+                raise UsageError(f"--platform {args.platform}: {e}") from None
         if local_rank >= torch.zion.device_count():
             raise UsageError(f"LOCAL_RANK {local_rank} has no device: the platform "
                              f"'{zion_emu.current_platform().name}' has {torch.zion.device_count()} per node")
