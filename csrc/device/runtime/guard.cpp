@@ -13,18 +13,24 @@ namespace zion::device {
 namespace {
 
 constexpr int kMaxDevices = 64;
-thread_local std::array<c10::StreamId, kMaxDevices> t_current_stream{};
-thread_local const Runtime* t_streams_set_under = nullptr;  // the runtime t_current_stream was set under
+// The thread's current stream per device and the runtime they were set
+// under, in one thread-local (one TLS lookup on every op's path).
+struct CurrentStreams {
+  std::array<c10::StreamId, kMaxDevices> ids{};
+  const Runtime* set_under = nullptr;
+};
+thread_local CurrentStreams t_current_streams;
 
 // The thread's current streams; those set under a platform set_platform has
 // since replaced are the default streams again (the new timeline has no others).
 std::array<c10::StreamId, kMaxDevices>& current_streams() {
+  CurrentStreams& current = t_current_streams;
   const Runtime* rt = detail::g_runtime_ptr.load(std::memory_order_acquire);
-  if (t_streams_set_under != rt) {
-    t_current_stream.fill(0);
-    t_streams_set_under = rt;
+  if (current.set_under != rt) {
+    current.ids.fill(0);
+    current.set_under = rt;
   }
-  return t_current_stream;
+  return current.ids;
 }
 
 c10::Device zion(c10::DeviceIndex index) { return {c10::DeviceType::PrivateUse1, index}; }

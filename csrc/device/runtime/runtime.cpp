@@ -32,8 +32,13 @@ std::mutex g_mutex;  // taken to make or replace the runtime
 // alive too, as another thread may hold a reference taken before the swap
 // (one per call).
 Runtime* g_runtime = nullptr;
-thread_local c10::DeviceIndex t_current_device = 0;
-thread_local const Runtime* t_device_set_under = nullptr;  // the runtime t_current_device was set under
+// The thread's current device and the runtime it was set under, in one
+// thread-local (one TLS lookup on every op's path).
+struct CurrentDevice {
+  c10::DeviceIndex index = 0;
+  const Runtime* set_under = nullptr;
+};
+thread_local CurrentDevice t_current_device;
 
 std::unique_ptr<Runtime> make_runtime(const sim::Platform& platform) {
   auto rt = std::make_unique<Runtime>();
@@ -171,18 +176,17 @@ void check_device(c10::DeviceIndex index) {
 }
 
 c10::DeviceIndex current_device() {
-  return t_device_set_under == g_runtime_ptr.load(std::memory_order_acquire) ? t_current_device : 0;
+  const CurrentDevice& current = t_current_device;
+  return current.set_under == g_runtime_ptr.load(std::memory_order_acquire) ? current.index : 0;
 }
 
 void set_current_device(c10::DeviceIndex index) {
   check_device(index);
-  t_current_device = index;
-  t_device_set_under = &runtime();
+  t_current_device = {index, &runtime()};
 }
 
 void restore_current_device(c10::DeviceIndex index) noexcept {
-  t_current_device = index;
-  t_device_set_under = g_runtime_ptr.load(std::memory_order_acquire);
+  t_current_device = {index, g_runtime_ptr.load(std::memory_order_acquire)};
 }
 
 }  // namespace zion::device
