@@ -12,6 +12,8 @@ counts gather and scatter.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -237,14 +239,24 @@ def test_cpu_tensors_and_object_collectives_go_through_gloo_unmodeled(tmp_path):
     _spawn(_host_worker, 2, tmp_path)
 
 
-def _p2p_work_worker(rank: int, nprocs: int, store: str) -> None:
+def _p2p_work_worker(rank: int, nprocs: int, store: str, tcp_port: int = 0) -> None:
     """Point-to-point as NCCL and gloo behave: tags pair transfers, a pending
     Work is polled and waited with a timeout without blocking its peer, and a
-    future of a pending receive completes when the data arrives."""
+    future of a pending receive completes when the data arrives. With
+    ``tcp_port``, the group meets through a TCPStore (torchrun's), whose
+    client serializes its calls: a receive waiting for its sender's record
+    there blocked this rank's next send until the store timed out."""
     import time
     from datetime import timedelta
 
-    gloo = _init(rank, nprocs, store)
+    if tcp_port:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("zion", init_method=f"tcp://127.0.0.1:{tcp_port}", rank=rank, world_size=nprocs,
+                                timeout=timedelta(seconds=60))
+        torch.zion.set_device(rank)
+        gloo = dist.new_group(backend="gloo")
+    else:
+        gloo = _init(rank, nprocs, store)
     # Tags: received in the other order than sent, each pairs with its tag
     # (they were paired by order: "send of 8 bytes, but rank 1 receives 12").
     if rank == 0:
@@ -293,6 +305,14 @@ def _p2p_work_worker(rank: int, nprocs: int, store: str) -> None:
         dist.barrier(group=gloo)
         dist.send(torch.full((1,), 5.0, device="zion"), 1)
 
+    # Dropping a pending receive's Work does not wait for a sender that never
+    # sends (it waited until the store timed out). Its own tag keeps it apart.
+    if rank == 1:
+        w = dist.irecv(torch.empty(2, device="zion"), 0, tag=9)
+        started = time.monotonic()
+        del w
+        assert time.monotonic() - started < 2
+
     # The stacked forms NCCL takes: an all_gather output of (ranks, n) and a
     # reduce_scatter input of (ranks, n); and an all_reduce of a channels_last
     # tensor. Results equal gloo's on the CPU.
@@ -320,5 +340,13 @@ def _p2p_work_worker(rank: int, nprocs: int, store: str) -> None:
 
 
 @pytest.mark.multiproc
-def test_point_to_point_works_tags_timeouts_and_the_stacked_forms_behave_as_nccls(tmp_path):
-    _spawn(_p2p_work_worker, 2, tmp_path)
+@pytest.mark.parametrize("store", ["file", "tcp"])
+def test_point_to_point_works_tags_timeouts_and_the_stacked_forms_behave_as_nccls(tmp_path, store):
+    import socket
+
+    port = 0
+    if store == "tcp":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    _spawn(_p2p_work_worker, 2, tmp_path, port)

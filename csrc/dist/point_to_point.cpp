@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <thread>
 
 #include "device/runtime/runtime.h"
 #include "device/runtime/stream.h"
@@ -64,7 +65,21 @@ const char* where(double host) { return host != 0 ? "a CPU tensor" : "a zion ten
 
 // The peer's side of a transfer, read (waiting for it) and removed from the
 // store, checked against this side: a send (`sending`) or recv with `peer`.
+// Waits for `key` by polling: a blocking get would hold a TCPStore client's
+// lock until the peer writes it, and this process's other threads (the
+// caller's next send, a receive posted from a helper thread) could not write
+// their own records meanwhile. Past the store's timeout, get raises its error.
+void wait_for_key(c10d::Store& store, const std::string& key) {
+  const auto deadline = std::chrono::steady_clock::now() + store.getTimeout();
+  auto pause = std::chrono::microseconds(50);  // doubling to 1 ms: a late peer costs the store little
+  while (!store.check({key}) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
 PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const PeerSide& mine, bool sending, int peer) {
+  wait_for_key(store, theirs_key);
   PeerSide theirs = decode(store.get(theirs_key));
   store.deleteKey(theirs_key);
   const char* call = sending ? "send" : "recv";
@@ -218,17 +233,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
       std::lock_guard<std::mutex> lock(mutex_);
       pending_recv_[{src, tag}] = done->get_future().share();
     }
-    posted = std::async(std::launch::async, [post, previous, done]() -> PostedRecv {
-               if (previous.valid()) previous.wait();
-               try {
-                 PostedRecv r = post();
-                 done->set_value();
-                 return r;
-               } catch (...) {
-                 done->set_value();
-                 throw;
-               }
-             }).share();
+    // A thread of its own, not std::async: the last future of an async task
+    // waits for the task when destroyed, so dropping a receive's Work would
+    // block until its sender sent.
+    auto result = std::make_shared<std::promise<PostedRecv>>();
+    posted = result->get_future().share();
+    std::thread([post, previous, done, result] {
+      if (previous.valid()) previous.wait();
+      try {
+        result->set_value(post());
+      } catch (...) {
+        result->set_exception(std::current_exception());
+      }
+      done->set_value();
+    }).detach();
   }
 
   auto finish = [self, posted, end, mine, t]() -> sim::Seconds {
