@@ -339,9 +339,10 @@ Job = tuple[argparse.Namespace, list[str], str]
 
 def run(args: argparse.Namespace) -> int:
     jobs = _jobs(args)
+    inputs: list[tuple[str, str]] = []
     for job in jobs:
-        _check_job(job)
-    _check_outputs(args, jobs)
+        inputs += [f for f in _check_job(job) if f not in inputs]
+    _check_outputs(args, inputs)
     rows, code = _run_jobs(jobs, args.show_output)
     if rows:
         _write(rows, args)
@@ -392,14 +393,17 @@ def _title(job: Job) -> str:
     return f"{name} of {label}" if label else name
 
 
-def _check_job(job: Job) -> None:
+def _check_job(job: Job) -> list[tuple[str, str]]:
     """Refuses a variant whose platform or launch `zion-emu run` would refuse,
-    before any variant runs: a bad last value must not cost the others' runs."""
+    before any variant runs: a bad last value must not cost the others' runs.
+    Returns the files the variant reads (run.input_files)."""
     one = job[0]
     try:
-        check_run(one, platform_from(one))
+        platform = platform_from(one)
+        check_run(one, platform)
     except (CliError, ValueError) as e:  # the platform's ConfigError is a ValueError
         raise CliError(f"variant {_title(job)}: {e}; nothing ran") from None
+    return input_files(one, platform)
 
 
 def _run_jobs(jobs: list[Job], show_output: bool) -> tuple[list[Variant], int]:
@@ -433,13 +437,10 @@ def _write(rows: list[Variant], args: argparse.Namespace) -> None:
         print(f"zion-emu: wrote the HTML report to {args.html}")
 
 
-def _check_outputs(args: argparse.Namespace, jobs: list[Job]) -> None:
+def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> None:
     """Refuses, before any variant runs, an output of the sweep that is a
-    directory, lies in no folder, or is a script or platform file of a
-    variant or another output."""
-    inputs: list[tuple[str, str]] = []
-    for one, _, _ in jobs:
-        inputs += [f for f in input_files(one, platform_from(one)) if f not in inputs]
+    directory, lies in no folder, or is one of the variants' ``inputs`` (their
+    scripts and platform files) or another output."""
     outputs = [(what, path) for what, path in (("--json", args.json_out), ("--html", args.html),
                                                ("--plot", args.plot)) if path]
     check_output_files(outputs, inputs)
