@@ -143,6 +143,19 @@ def _collectives_worker(rank: int, nprocs: int, store: str) -> None:
     dist.reduce_scatter(ref, [c.contiguous() for c in x.chunk(n)], group=gloo)  # gloo may sum in another order here
     assert torch.equal(out.cpu(), ref)
 
+    # reduce_scatter of uneven entries (rank j gets j + 3 elements): gloo's
+    # result, priced as ProcessGroupNCCL runs it, one reduce per rank in a
+    # group, which the model prices as one reduce of the whole input
+    pieces = [j + 3 for j in range(n)]
+    x = _data(rank, (sum(pieces),), seed=8)
+    chunks = [c.to("zion") for c in x.split(pieces)]
+    out = torch.empty(pieces[rank], device="zion")
+    clock.check(lambda: dist.reduce_scatter(out, chunks), "reduce", sum(pieces) * f32, devices)
+    assert _last()["call"] == "reduce_scatter"
+    ref = torch.empty(pieces[rank])
+    dist.reduce_scatter(ref, [c.contiguous() for c in x.split(pieces)], group=gloo)
+    assert torch.equal(out.cpu(), ref)
+
     # all_to_all_single, even splits
     x = _data(rank, (n * 6, 5), seed=5)
     z, out = x.to("zion"), torch.empty(n * 6, 5, device="zion")

@@ -69,6 +69,10 @@ def _records_worker(rank: int, nprocs: int, store: str, handshake: str | None, o
     # A mismatch raises on every rank through either path, and the group stays usable.
     with pytest.raises(RuntimeError, match=r"sizes differ across ranks \(elements per rank: rank 0: 4, rank 1: 5"):
         dist.all_reduce(torch.ones(4 + rank, device="zion"))
+    # reduce_scatter: entry j of each rank's list must have rank j's output size
+    entries = [torch.ones(3 + (rank == 1 and j == 0), device="zion") for j in range(nprocs)]
+    with pytest.raises(RuntimeError, match=r"rank 1's input list has 4 elements at index 0, where rank 0's output has 3"):
+        dist.reduce_scatter(torch.empty(3, device="zion"), entries)
     with pytest.raises(RuntimeError, match="ranks are in different collectives"):
         if rank == 0:
             dist.broadcast(torch.ones(2, device="zion"), src=0)

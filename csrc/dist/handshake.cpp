@@ -102,6 +102,18 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
               ": dtypes differ across ranks (", per_rank(sides, [](const RankSide& s) {
                 return std::string(c10::toString(static_cast<c10::ScalarType>(s.dtype)));
               }), ")");
+  if (mine.call == Call::kReduceScatter) {
+    // Entry j of rank i's input list is reduced into rank j's output (every
+    // rank without an error sent a count per rank: the checks above passed).
+    const size_t n = sides.size();
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < n && sides[i].send_counts.size() == n && sides[j].recv_counts.size() == n; ++j) {
+        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: ", name, ": rank ", i,
+                    "'s input list has ", sides[i].send_counts[j], " elements at index ", j, ", where rank ", j,
+                    "'s output has ", sides[j].recv_counts[i], "; entry j of every rank's input list must have rank j's output size");
+      }
+    }
+  }
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.numel; }), "zion backend: ", name,
               ": tensor sizes differ across ranks (elements per rank: ", per_rank(sides, [](const RankSide& s) { return s.numel; }),
               "); every rank must pass the same size");

@@ -57,6 +57,11 @@ std::string tensor_problem(const at::Tensor& t, Call call, c10::DeviceIndex devi
   return {};
 }
 
+// Whether the counts are not all the same.
+bool uneven(const std::vector<int64_t>& counts) {
+  return std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c != counts[0]; });
+}
+
 }  // namespace
 
 ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank,
@@ -243,6 +248,14 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_
       p.request.bytes = largest;
     }
   }
+  if (p.side.call == Call::kReduceScatter && uneven(agreed.sides[0].send_counts)) {
+    // ProcessGroupNCCL runs a reduce_scatter of uneven entries as one reduce
+    // per rank (to that rank, of its entry) in one group; a group is priced
+    // as one collective of all its bytes (coalescing.cpp): a reduce of the
+    // whole input.
+    p.request.op = sim::CollectiveOp::kReduce;
+    p.request.root = 0;
+  }
   sim::CollectiveResult priced = price(p.request);
 
   device::Runtime& rt = device::runtime();
@@ -349,16 +362,31 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, st
   p.side.reduce_op = reduce_op;
   if (singles.size() != 1 || lists.size() != 1) {
     note(p.side.error, "zion backend: " + name + " takes one " + single_kind + " tensor and one " + list_kind + " list per rank");
-  } else {
+  } else if (static_cast<int>(lists[0].size()) != getSize()) {
+    note(p.side.error, "zion backend: " + name + ": the " + list_kind + " list has " + std::to_string(lists[0].size()) +
+                           " tensors; the group has " + std::to_string(getSize()) + " ranks");
+  } else if (gathers) {
     p.side.numel = singles[0].numel();
-    if (static_cast<int>(lists[0].size()) != getSize()) {
-      note(p.side.error, "zion backend: " + name + ": the " + list_kind + " list has " + std::to_string(lists[0].size()) +
-                             " tensors; the group has " + std::to_string(getSize()) + " ranks");
-    }
     note(p.side.error, same_numel_problem(name, std::string("an ") + list_kind + " tensor", lists[0], single_kind,
                                           singles[0].numel()));
     p.request.bytes = nbytes(singles) * getSize();  // nccl-tests counts the gathered side: n x the single tensor
-    p.outputs = gathers ? lists[0] : singles;
+    p.outputs = lists[0];
+  } else {
+    // reduce_scatter: entry j of every rank's input list is reduced into rank
+    // j's output. The entries may differ in size, as gloo and NCCL allow; the
+    // ranks agree on every entry's size (handshake.cpp), and run() prices an
+    // uneven list the way NCCL runs it.
+    const int64_t own = lists[0][getRank()].defined() ? lists[0][getRank()].numel() : 0;
+    if (own != singles[0].numel()) {
+      note(p.side.error, "zion backend: " + name + ": the input list's entry for this rank (index " +
+                             std::to_string(getRank()) + ") has " + std::to_string(own) + " elements; the output has " +
+                             std::to_string(singles[0].numel()));
+    }
+    for (const auto& t : lists[0]) p.side.send_counts.push_back(t.defined() ? t.numel() : 0);
+    p.side.recv_counts.assign(lists[0].size(), singles[0].numel());
+    p.side.numel = std::accumulate(p.side.send_counts.begin(), p.side.send_counts.end(), int64_t{0});
+    p.request.bytes = nbytes(lists[0]);  // nccl-tests counts reduce_scatter's input
+    p.outputs = singles;
   }
   p.type = type;
   return run(std::move(p), [&](const Agreement&) {
