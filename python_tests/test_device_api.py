@@ -215,6 +215,22 @@ def test_a_new_generator_is_independent_of_the_default():
     assert torch.equal(a.cpu(), b.cpu())
 
 
+@pytest.mark.parametrize("draw", [
+    lambda g: torch.randn(3, device="zion", generator=g),
+    lambda g: torch.empty(3, device="zion").normal_(generator=g),
+    lambda g: torch.empty(3, device="zion").bernoulli_(0.5, generator=g),
+    lambda g: torch.randperm(5, device="zion", generator=g),
+], ids=["randn", "normal_", "bernoulli_", "randperm"])
+def test_a_cpu_generator_is_refused_for_a_zion_op_as_cuda_refuses_it(draw):
+    # The script would fail on the device it is written for.
+    cpu = torch.Generator().manual_seed(1)
+    with pytest.raises(RuntimeError, match="Expected a 'zion' device type for generator but found 'cpu'"):
+        draw(cpu)
+    assert torch.equal(cpu.get_state(), torch.Generator().manual_seed(1).get_state())  # nothing drawn from it
+    zion = torch.Generator(device="zion").manual_seed(1)
+    assert torch.equal(draw(zion).cpu(), draw(torch.Generator(device="zion").manual_seed(1)).cpu())
+
+
 # Device properties and the platform
 def test_device_properties_are_the_platform_preset():
     p = torch.zion.get_device_properties("zion:1")

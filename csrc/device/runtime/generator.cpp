@@ -41,9 +41,12 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
 
 at::Generator cpu_generator_for(const std::optional<at::Generator>& gen, c10::DeviceIndex device) {
   if (gen.has_value() && gen->defined()) {
-    if (gen->device().is_cpu()) return *gen;
+    // As CUDA refuses a CPU generator for a CUDA op: the script would fail
+    // on the device it is written for.
     auto* z = dynamic_cast<Generator*>(gen->unsafeGetGeneratorImpl());
-    TORCH_CHECK(z, "zion: a generator of device ", gen->device(), " cannot drive a zion op");
+    TORCH_CHECK(z, "Expected a '", c10::get_privateuse1_backend(), "' device type for generator but found '",
+                gen->device().str(), "' (a zion op draws from torch.Generator(device=\"", c10::get_privateuse1_backend(),
+                "\") or the device's default generator)");
     return z->cpu();
   }
   return static_cast<Generator*>(default_generator(device).unsafeGetGeneratorImpl())->cpu();

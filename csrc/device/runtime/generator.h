@@ -32,7 +32,8 @@ class Generator final : public c10::GeneratorImpl {
 
 const at::Generator& default_generator(c10::DeviceIndex device);
 // For a generator argument of a zion op: the CPU generator to use instead
-// (the device's default when `gen` is undefined).
+// (the device's default when `gen` is undefined). A generator of another
+// device, the CPU's included, is refused, as CUDA refuses one.
 at::Generator cpu_generator_for(const std::optional<at::Generator>& gen, c10::DeviceIndex device);
 
 }  // namespace zion::device
