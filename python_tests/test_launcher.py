@@ -415,3 +415,18 @@ def test_virtual_clock_makes_the_scripts_own_timing_modeled(tmp_path):
     elapsed = float(r.stdout.split("elapsed")[1].split()[0])
     # zion preset: 15 TFLOP/s fp32 x matmul efficiency 0.6, 5 us launch
     assert elapsed == pytest.approx(2 * 1024 * 2048 * 512 / (15e12 * 0.6) + 5e-6, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_script_that_sets_another_platform_than_the_runs_is_warned(tmp_path):
+    script = write(tmp_path, "s.py", """
+        import sys, zion_emu
+        zion_emu.set_platform(sys.argv[1])
+        print("platform", zion_emu.current_platform().name)
+    """)
+    same = zion_emu_cli("run", "--platform", "zion", str(script), "zion")
+    assert "platform zion" in same.stdout and "set_platform replaces" not in same.stderr
+    other = zion_emu_cli("run", "--platform", "zion", "--set", "fabric.link_bandwidth_gb_per_s=50", str(script), "zion")
+    assert "platform zion" in other.stdout
+    assert ("set_platform replaces the platform `zion-emu run` chose ('zion', from its --platform and --set) with "
+            "'zion'") in other.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
@@ -153,10 +154,28 @@ def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping
         chosen = platform
     else:
         chosen = load_platform(platform, overrides)
+    _warn_if_replacing_the_runs(chosen)
     _C.device.set_platform(chosen.native)
     zion_device._forget_default_generators()
     cost._register_all()
     return chosen
+
+
+def _warn_if_replacing_the_runs(chosen: Platform) -> None:
+    """Under ``zion-emu run`` (which sets ``ZION_RUN_DIR``), a script that
+    sets another platform than the run's own ``--platform`` and ``--set``
+    chose is told so: the rank models the script's, and the report names it."""
+    run_platform = os.environ.get("ZION_PLATFORM") if os.environ.get("ZION_RUN_DIR") else None
+    if not run_platform:
+        return
+    try:
+        run = load_platform(run_platform)
+    except ConfigError:
+        return  # not the run's file: the launcher checked it before starting the script
+    if run.fields != chosen.fields:
+        warnings.warn(f"zion: set_platform replaces the platform `zion-emu run` chose ('{run.name}', from its --platform "
+                      f"and --set) with '{chosen.name}'; this rank now models '{chosen.name}', and the run's report "
+                      "names the platform the ranks ran on", stacklevel=3)
 
 
 def current_platform() -> Platform:
