@@ -167,6 +167,16 @@ def test_event_elapsed_time_is_modeled_milliseconds():
     assert start.elapsed_time(end) == pytest.approx((2 * 512**3 / 9e12 + 5e-6) * 1e3, rel=1e-9)
 
 
+def test_elapsed_time_between_two_devices_events_is_refused_as_cuda_refuses_it():
+    start, end = torch.zion.Event(enable_timing=True), torch.zion.Event(enable_timing=True)
+    start.record(torch.zion.current_stream(0))
+    end.record(torch.zion.current_stream(1))
+    torch.zion.synchronize(0), torch.zion.synchronize(1)
+    with pytest.raises(RuntimeError, match="elapsed_time takes two events of one device, as CUDA's does; these were "
+                                           "recorded on zion:0 and zion:1"):
+        start.elapsed_time(end)
+
+
 # Random numbers
 def test_a_seed_draws_the_same_numbers_twice_and_the_same_as_on_cpu():
     torch.zion.manual_seed(7)

@@ -133,6 +133,10 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto* a = static_cast<Event*>(start);
     auto* b = static_cast<Event*>(end);
     TORCH_CHECK(a && b && a->recorded && b->recorded, "zion: both events must be recorded before elapsed_time");
+    // One clock runs all devices here, but CUDA refuses events of two
+    // devices (cudaEventElapsedTime), so a script that asks would fail there.
+    TORCH_CHECK(a->device == b->device, "zion: elapsed_time takes two events of one device, as CUDA's does; these were "
+                "recorded on zion:", static_cast<int>(a->device), " and zion:", static_cast<int>(b->device));
     return (b->time - a->time) * 1e3;  // modeled milliseconds
   }
   bool queryStream(const c10::Stream& stream) const override {
