@@ -102,6 +102,18 @@ def test_torch_cuda_reports_the_zion_devices(compat):
         with torch.cuda.device("cuda:5"):
             assert torch.cuda.current_device() == 5
         assert torch.cuda.current_device() == 3
+        for nothing in (-1, None):
+            with torch.cuda.device(nothing):
+                assert torch.cuda.current_device() == 3
+        with torch.cuda.device_of(torch.zeros(1, device="cuda:6")):
+            assert torch.cuda.current_device() == 6
+        assert torch.cuda.current_device() == 3
+        assert isinstance(torch.cuda.device(1), torch.zion.device)
+        try:
+            torch.cuda.device({oams})
+            raise AssertionError("an index past the devices was taken")
+        except IndexError as e:
+            assert "device index {oams} is out of range" in str(e)
         torch.cuda.set_device(0)
         assert torch.cuda.get_device_name("cuda:1") == "zion OAM"
         props = torch.cuda.get_device_properties(torch.device("cuda", 2))

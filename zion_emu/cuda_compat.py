@@ -392,22 +392,12 @@ def _cuda_module_functions() -> dict[str, Any]:
         if index is not None and index >= 0:  # torch.cuda.set_device(-1) does nothing
             z.set_device(index)
 
-    class device:  # noqa: N801  (torch.cuda.device)
-        """Makes a device current inside a ``with`` block; -1 or None does nothing."""
+    class device(z.device):  # noqa: N801  (torch.cuda.device)
+        """torch.zion.device, taking CUDA's device names; -1 or None does nothing."""
 
         def __init__(self, device: Any) -> None:
             index = _index(device)
-            self.index = -1 if index is None else index
-            self.previous = -1
-
-        def __enter__(self) -> None:
-            if self.index >= 0:
-                self.previous = z.current_device()
-                z.set_device(self.index)
-
-        def __exit__(self, *exc: object) -> None:
-            if self.index >= 0:
-                z.set_device(self.previous)
+            super().__init__(-1 if index is None else index)
 
     class device_of(device):  # noqa: N801
         def __init__(self, obj: torch.Tensor) -> None:
