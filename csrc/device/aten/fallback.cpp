@@ -104,6 +104,19 @@ const OpFacts& facts_of(const c10::OperatorHandle& op) { return facts_per_operat
               "! (when checking arguments for ", op.schema().name(), ")");
 }
 
+// A written argument (in place, out=) on the CPU, beside zion tensors in `args`.
+[[noreturn]] void refuse_written_cpu_tensor(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                            const at::Tensor& written) {
+  c10::DeviceIndex device = -1;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone()) {
+      device = v.toTensor().device().index();
+      break;
+    }
+  }
+  mixed_devices(op, device, written);
+}
+
 struct Call {
   const c10::OperatorHandle& op;
   const OpFacts& facts;
@@ -115,6 +128,7 @@ struct Call {
   c10::SmallVector<c10::StorageImpl*, 2> cpu_storages;                          // of CPU tensors passed through
   c10::SmallVector<at::Tensor, 8> inputs;                                       // for pricing
   bool watch_autograd = false;  // an alias carries requires_grad (OpFacts::may_record_autograd)
+  bool in_indices = false;      // converting a Tensor?[] argument: an index op's indices
 
   // The alias of `t`, which the caller keeps alive for the call.
   at::Tensor alias(const at::Tensor& t) { return alias_of(c10::MaybeOwned<at::Tensor>::borrowed(t)); }
@@ -130,6 +144,16 @@ struct Call {
       } else if (t.device().index() != device) {
         mixed_devices(op, device, t);
       }
+      // The same tensor passed twice (self and out=, x.logical_and_(x))
+      // gets one alias: the kernel must see one tensor (is_same), as on the
+      // CPU, or it resizes an output that is also an input.
+      for (const auto& [seen, zion] : zion_of_alias) {
+        if (zion->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          at::Tensor same(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(seen));
+          inputs.push_back(same);
+          return same;
+        }
+      }
       at::Tensor a = aliases.alias(t);
       if (facts.may_record_autograd && t.requires_grad() && c10::GradMode::is_enabled()) {
         a.set_requires_grad(true);
@@ -141,8 +165,11 @@ struct Call {
     }
     if (t.device().is_cpu()) {
       // A CPU scalar (0-dim) rides along, as with CUDA; so do index tensors.
-      if (t.dim() > 0 && !facts.accepts_cpu_tensors) mixed_devices(op, device, t);
+      if (t.dim() > 0 && !(facts.accepts_cpu_tensors && in_indices)) mixed_devices(op, device, t);
       if (t.has_storage()) cpu_storages.push_back(t.storage().unsafeGetStorageImpl());
+      // Priced where the schema puts it (the formulas read inputs by
+      // position); a Python number is a kernel argument, not an input.
+      if (!t.unsafeGetTensorImpl()->is_wrapped_number()) inputs.push_back(*keep);
       return *keep;
     }
     mixed_devices(op, device, t);
@@ -170,9 +197,11 @@ struct Call {
       if (!has_tensors) return std::move(v);
       c10::List<std::optional<at::Tensor>> out;
       out.reserve(list.size());
+      in_indices = true;
       for (const c10::IValue& e : list) {
         out.push_back(e.isTensor() ? std::optional<at::Tensor>(alias(at::Tensor(e.toTensor()))) : std::nullopt);
       }
+      in_indices = false;
       return out;
     }
     if (v.isDevice() && v.toDevice().is_privateuseone()) {
@@ -257,6 +286,14 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   Call call{op, facts};
   auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  for (int i : facts.written_args) {
+    // A CPU scalar may only be read beside zion tensors, as with CUDA: an op
+    // does not write a CPU tensor (in place, out=).
+    const c10::IValue& v = args[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) {
+      refuse_written_cpu_tensor(op, c10::ArrayRef<c10::IValue>(&*args, num_args), v.toTensor());
+    }
+  }
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
     v = call.convert_argument(std::move(v));
@@ -337,9 +374,12 @@ struct Arg<const at::Tensor&> {
   static const at::Tensor& pass(const Held& h) { return h; }
 };
 template <>
-struct Arg<at::Tensor&> {
+struct Arg<at::Tensor&> {  // in place or out=: written, so never a CPU scalar (see fallback)
   using Held = at::Tensor;
-  static Held hold(Call& c, at::Tensor& t) { return c.alias(static_cast<const at::Tensor&>(t)); }
+  static Held hold(Call& c, at::Tensor& t) {
+    if (t.defined() && t.device().is_cpu()) mixed_devices(c.op, c.device, t);
+    return c.alias(static_cast<const at::Tensor&>(t));
+  }
   static at::Tensor& pass(Held& h) { return h; }
 };
 template <>
@@ -449,6 +489,7 @@ struct Fast<Op, R(Args...)> {
                                                              args...);
     }
     Call call{op, facts};
+    call.device = plain.device;
     // Braced: aliases are made in argument order, so pricing sees the inputs as the fallback lists them.
     std::tuple<typename Arg<Args>::Held...> held{Arg<Args>::hold(call, args)...};
     call.aliases.set_device(call.device);
@@ -579,6 +620,13 @@ class CpuKernelsFirst {
       }
       std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
       library_.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    }
+    // Generic kernels that call a device-typed kernel stub or check the
+    // device type themselves (conj_physical_ of a complex tensor; mode's out=
+    // form "only supports CPU, CUDA and XPU"), so they cannot run on zion
+    // tensors: the fallback runs them on CPU aliases, where they pick CPU's.
+    for (const char* name : {"conj_physical_", "mode.values"}) {
+      library_.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
     }
   }
 

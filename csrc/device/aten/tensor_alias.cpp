@@ -120,9 +120,7 @@ at::Tensor reuse_spare(const at::Tensor& zion_tensor, SpareAliases& spares) {
   // A spare keeps the dtype and shape of its last alias: an op called again
   // on tensors of the same shape finds them already set.
   if (impl->dtype() != zion_tensor.dtype()) impl->set_storage_and_dtype(impl->storage(), zion_tensor.dtype());
-  sync_metadata(zion_tensor, alias);
-  impl->_set_conj(zion_tensor.is_conj());
-  impl->_set_neg(zion_tensor.is_neg());
+  sync_metadata(zion_tensor, alias);  // and the conj and neg bits
   return alias;
 }
 
@@ -262,11 +260,16 @@ at::Tensor zion_tensor_of_alias(const at::Tensor& cpu) {
 }
 
 void sync_metadata(const at::Tensor& from, const at::Tensor& to) {
+  c10::TensorImpl* impl = to.unsafeGetTensorImpl();
+  // An out= kernel may leave its output conjugated or negated (linalg's
+  // solves with left=False write the conjugate and set the bit).
+  if (impl->is_conj() != from.is_conj()) impl->_set_conj(from.is_conj());
+  if (impl->is_neg() != from.is_neg()) impl->_set_neg(from.is_neg());
   if (from.sizes().equals(to.sizes()) && from.strides().equals(to.strides()) &&
       from.storage_offset() == to.storage_offset()) {
     return;
   }
-  to.unsafeGetTensorImpl()->set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
+  impl->set_sizes_and_strides(from.sizes(), from.strides(), from.storage_offset());
 }
 
 }  // namespace zion::device

@@ -84,7 +84,8 @@ at::Tensor zion_tensor_of_alias(const at::Tensor& cpu);
 // reused as a fresh one (spare aliases, spare sparse stand-ins).
 bool unchanged_and_unshared(const at::Tensor& t, const c10::DispatchKeySet& fresh_keys);
 
-// Copies sizes, strides and offset of `from` onto `to` (a mutated argument).
+// Copies sizes, strides, offset and the conj and neg bits of `from` onto `to`
+// (a mutated argument).
 void sync_metadata(const at::Tensor& from, const at::Tensor& to);
 
 }  // namespace zion::device
