@@ -166,6 +166,20 @@ def test_a_cpu_compile_after_a_zion_compile_stays_on_the_cpu():
     assert torch.equal(zion_out.cpu(), cpu_out)
 
 
+def test_attention_compiled_on_zion_equals_a_cpu_compile():
+    # zion's attention asks the CPU which kernel to use; under tracing it is
+    # asked with fake tensors, whose bytes it must not touch.
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
+    cpu = torch.compile(attend)(q, k, v)
+    torch._dynamo.reset()
+    zion = torch.compile(attend)(q.to("zion"), k.to("zion"), v.to("zion"))
+    assert torch.equal(zion.cpu(), cpu)
+
+
 def test_random_ops_compiled_on_zion_draw_what_a_cpu_compile_draws():
     def noisy(x):
         return nn.functional.dropout(x * 2, p=0.5, training=True) + torch.rand_like(x)

@@ -122,3 +122,26 @@ def test_generic_kernels_that_pick_a_device_kernel_run_the_cpus():
         torch.svd(A.to(d), out=(U, S, V))
         outs[d] = [t.cpu().resolve_conj() for t in (U, S, V)]
     assert all(torch.equal(z, c) for z, c in zip(outs["zion"], outs["cpu"]))
+
+
+def test_attention_runs_the_kernel_the_cpu_chooses_and_gives_its_results_bit_for_bit():
+    # scaled_dot_product_attention asks its device for a fused kernel; zion had
+    # none, so 4-D inputs took the math path (several small ops), 2e-7 off the
+    # CPU's fused kernel. zion now chooses as the CPU does.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4, 8, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.rand(4, 4, generator=g) > 0.3
+    for kwargs in ({}, {"is_causal": True}, {"attn_mask": mask}):
+        cpu = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        on = [t.detach().to("zion").requires_grad_() for t in (q, k, v)]
+        zkw = {name: (m.to("zion") if isinstance(m, torch.Tensor) else m) for name, m in kwargs.items()}
+        zion = torch.nn.functional.scaled_dot_product_attention(*on, **zkw)
+        assert torch.equal(zion.cpu(), cpu), kwargs
+        grads = torch.autograd.grad(cpu.sum(), (q, k, v))
+        zgrads = torch.autograd.grad(zion.sum(), on)
+        assert all(torch.equal(z.cpu(), c) for z, c in zip(zgrads, grads)), kwargs
+    with torch.profiler.profile() as prof:
+        torch.nn.functional.scaled_dot_product_attention(*(t.detach().to("zion") for t in (q, k, v)))
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in {e.name for e in prof.events()}
+    guessed = zion_emu.cost.guessed_ops(0)
+    assert not any("attention" in name for name in guessed), guessed

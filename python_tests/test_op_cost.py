@@ -112,6 +112,23 @@ def test_bmm(oam: sim.OpCostModel) -> None:
     assert cost.work.bytes == 917504
 
 
+def test_fused_attention_counts_flop_counters_products(oam: sim.OpCostModel) -> None:
+    # query [2, 4, 128, 64], key [2, 4, 256, 64], value [2, 4, 256, 32]; B H = 8, L = 128, S = 256.
+    # Forward (Q K^T, P V): 2 * 8 * 128 * 256 * (64 + 32) = 50331648.
+    # Backward (Q K^T again, dP, dV, dQ, dK): 2 * 8 * 128 * 256 * (3 * 64 + 2 * 32) = 134217728.
+    # torch.utils.flop_counter's sdpa counts give the same (checked on the CPU below).
+    q, k, v, out = T([2, 4, 128, 64]), T([2, 4, 256, 64]), T([2, 4, 256, 32]), T([2, 4, 128, 32])
+    fwd = oam.cost(sim.OpCall("aten::_scaled_dot_product_flash_attention_for_cpu", [q, k, v], [out, T([2, 4, 128])]))
+    bwd = oam.cost(sim.OpCall("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                              [out, q, k, v, out, T([2, 4, 128])], [q, k, v]))
+    assert (fwd.work.flops, bwd.work.flops) == (50331648, 134217728)
+    # bytes: every input read and output written once, 4 bytes an element
+    assert fwd.work.bytes == 4 * (65536 + 131072 + 65536 + 32768 + 1024)
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+    shapes = ([2, 4, 128, 64], [2, 4, 256, 64], [2, 4, 256, 32])
+    assert (sdpa_flop_count(*shapes), sdpa_backward_flop_count([2, 4, 128, 32], *shapes)) == (50331648, 134217728)
+
+
 def test_conv2d_flops_from_weight_and_output(oam: sim.OpCostModel) -> None:
     # ResNet-like 3x3: input [8, 64, 56, 56], weight [128, 64, 3, 3], output [8, 128, 56, 56].
     # flops = 2 * out.numel() * (C_in / groups) * 3 * 3 = 2 * 3211264 * 576 = 3699376128.

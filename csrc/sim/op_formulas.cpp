@@ -319,6 +319,29 @@ OpWork index_accumulate(const OpCall& call) {
                    call.inputs[1].bytes() + source.bytes() + copied, 2 * landed);
 }
 
+// ---- attention -------------------------------------------------------------
+
+// torch.utils.flop_counter's sdpa_flop_count and sdpa_backward_flop_count for
+// query [B, H, L, E], key [B, H, S, E], value [B, H, S, Ev]: the forward is the
+// two products Q K^T and P V, 2 B H L S (E + Ev); the backward recomputes Q K^T
+// and runs four more (dP, dV, dQ, dK), 2 B H L S (3 E + 2 Ev). A causal mask
+// is not subtracted, as flop_counter does not. `first` is the query's input.
+WorkFormula attention(size_t first, bool backward) {
+  return [first, backward](const OpCall& call) {
+    if (call.inputs.size() < first + 3 || call.inputs[first].sizes.size() != 4 ||
+        call.inputs[first + 1].sizes.size() != 4 || call.inputs[first + 2].sizes.size() != 4) {
+      bad_call(call, backward ? "inputs (grad_out, query [B, H, L, E], key [B, H, S, E], value [B, H, S, Ev], ...)"
+                              : "inputs (query [B, H, L, E], key [B, H, S, E], value [B, H, S, Ev], ...)");
+    }
+    const auto& q = call.inputs[first].sizes;
+    const double bh = static_cast<double>(q[0]) * static_cast<double>(q[1]), l = static_cast<double>(q[2]);
+    const double e = static_cast<double>(q[3]), s = static_cast<double>(call.inputs[first + 1].sizes[2]);
+    const double ev = static_cast<double>(call.inputs[first + 2].sizes[3]);
+    const double flops = 2 * bh * l * s * (backward ? 3 * e + 2 * ev : e + ev);
+    return make_work(OpClass::kMatmul, flops, io_bytes(call));
+  };
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
@@ -333,6 +356,9 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   add_all({"addmm", "_addmm_activation", "baddbmm", "addbmm", "addmv"},
           matmul_operands(1, "inputs (self, a, b) of a matrix product plus self"));
   add("linear", linear);
+  // The CPU's fused attention, which zion runs wherever the CPU would (4-D inputs).
+  add("_scaled_dot_product_flash_attention_for_cpu", attention(0, false));
+  add("_scaled_dot_product_flash_attention_for_cpu_backward", attention(1, true));
 
   // Convolution.
   add_all({"convolution", "_convolution", "convolution_overrideable"}, convolution(kFromIntArgs));

@@ -5,6 +5,9 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/native/transformers/sdp_utils_cpp.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -206,7 +209,44 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", &record_stream);
 }
 
+// scaled_dot_product_attention chooses its kernel through this stub, for
+// the query's device type; a device that has none gets the math path (a
+// chain of small ops). zion chooses what the CPU chooses for the same
+// tensors, so 4-D inputs run the CPU's fused kernel
+// (_scaled_dot_product_flash_attention_for_cpu, through the fallback) and
+// results equal the CPU's bit for bit.
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  // The CPU's choice reads sizes, strides and dtypes only: it gets CPU
+  // tensors of that metadata and no bytes (the arguments may be fake
+  // tensors, under torch.compile's tracing). Symbolic shapes keep the math
+  // path, the one a device without a fused kernel takes.
+  const at::Tensor* args[] = {&query, &key, &value, attn_mask ? &*attn_mask : nullptr};
+  for (const at::Tensor* t : args) {
+    if (t && t->defined() && t->unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      return static_cast<int64_t>(sdp::SDPBackend::math);
+    }
+  }
+  auto cpu = [](const at::Tensor& t) {
+    c10::Storage none(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)),
+                      nullptr, false);
+    auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(none), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides());
+    return at::Tensor(std::move(impl));
+  };
+  std::optional<at::Tensor> mask;
+  if (attn_mask && attn_mask->defined()) mask = cpu(*attn_mask);
+  // Straight to the CPU kernel: under tracing a fake-tensor mode would take the call.
+  return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), cpu(query), cpu(key),
+                                                 cpu(value), mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 }  // namespace zion::device
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &zion::device::fused_sdp_choice)
+}  // namespace at::native
 
 // A conjugate or negative bit rides along into the copy (the CPU copy_ on the
 // aliases resolves it); without this the math-bit fallback would resolve it
