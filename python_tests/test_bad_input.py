@@ -126,9 +126,27 @@ def test_an_oam_list_naming_a_missing_oam_gives_the_allowed_range():
         zion_emu.load_platform("zion", overrides={"oam.count": 2})
 
 
-def test_a_bandwidth_that_overflows_bytes_per_second_is_refused_at_load():
-    with pytest.raises(ConfigError, match=r"fabric.link_bandwidth_gb_per_s.*must be at most 1e18"):
-        zion_emu.load_platform("zion", overrides={"fabric.link_bandwidth_gb_per_s": 1e308})
+@pytest.mark.parametrize("field, value, message", [
+    ("fabric.link_bandwidth_gb_per_s", 1e308, "must be from 1e-6 to 1e18, got 1e+308"),
+    # 1e-300 FLOP/s made modeled times infinite: NaN shares in the report, Infinity in its JSON
+    ("oam.peak_flops.fp32", 1e-300, "must be from 1e-6 to 1e18, got 1e-300"),
+    ("pcie.lane_bandwidth_gb_per_s.gen3", 1e-300, "must be from 1e-6 to 1e18, got 1e-300"),
+    ("oam.launch_overhead_ns", 1e300, "must be at most 1e12 (ns: 1000 s), got 1e+300"),
+    ("fabric.latency_ns", 1e13, "must be at most 1e12 (ns: 1000 s), got 10000000000000.0"),
+])
+def test_a_rate_or_latency_that_would_overflow_the_model_is_refused_at_load(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(field) + ".*" + re.escape(message)):
+        zion_emu.load_platform("zion", overrides={field: value})
+
+
+def test_a_number_past_a_doubles_range_is_a_config_error(tmp_path):
+    # nlohmann's out_of_range came out as a bare RuntimeError.
+    with pytest.raises(ConfigError, match=r"override 'fabric.link_bandwidth_gb_per_s=1e400'.*number overflow"):
+        zion_emu.load_platform("zion", assignments=["fabric.link_bandwidth_gb_per_s=1e400"])  # --set's form
+    path = tmp_path / "big.json"
+    path.write_text('{"base": "zion", "fabric": {"link_bandwidth_gb_per_s": 1e400}}')
+    with pytest.raises(ConfigError, match=r"big.json' is not valid JSON.*number overflow"):
+        zion_emu.load_platform(str(path))
 
 
 # -- the command line -------------------------------------------------------

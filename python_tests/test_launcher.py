@@ -19,6 +19,7 @@ import pytest
 from processes import PYTHON, REPO, alive, child_env, finish, run, started, torchrun, zion_emu_cli
 from zion_emu import report as rep
 from zion_emu.__main__ import main
+from zion_emu.cli import CliError
 from zion_emu.cli import run as launcher
 from zion_emu.cli.sweep import split_values, variants
 
@@ -274,12 +275,16 @@ def _refusal(monkeypatch, capsys, *argv):
     (["--html", "link.py"], "--html link.py is the same file as the script s.py"),  # a symbolic link to it
     (["--plot", "hard.png"], "--plot hard.png is the same file as the script s.py"),  # a hard link to it
     (["--platform", "p.json", "--report", "p.json"], "--report p.json is the same file as --platform p.json"),
+    # the file the platform file builds on (it was overwritten, breaking the platform file)
+    (["--platform", "child.json", "--report", "p.json"],
+     '--report p.json is the same file as the "base" of --platform p.json'),
 ])
 def test_an_output_over_the_script_another_output_or_the_platform_file_is_refused_before_it_starts(
         tmp_path, monkeypatch, capsys, args, problem):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("print('never runs')\n")
     (tmp_path / "p.json").write_text('{"base": "zion"}')
+    (tmp_path / "child.json").write_text('{"base": "p.json"}')
     (tmp_path / "link.py").symlink_to("s.py")
     os.link(tmp_path / "s.py", tmp_path / "hard.png")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
@@ -353,6 +358,14 @@ def test_sweep_values_split_at_top_level_commas():
     assert split_values("ring,fully_connected") == ["ring", "fully_connected"]
     assert split_values("[0,1],[2,3]") == ["[0,1]", "[2,3]"]
     assert variants(["a=1,2", "b=x,y"]) == [["a=1", "b=x"], ["a=1", "b=y"], ["a=2", "b=x"], ["a=2", "b=y"]]
+
+
+def test_a_field_swept_twice_or_also_fixed_is_refused():
+    # Both were merged into one row labelled with both values, run with the last.
+    with pytest.raises(CliError, match=r"'a' is swept twice; give all its values in one --set a=V1,V2,..."):
+        variants(["a=1", "a=2"])
+    with pytest.raises(CliError, match=r"'a' is swept and also fixed by --fix"):
+        variants(["a=1,2"], ["a=3"])
 
 
 @pytest.mark.slow
@@ -430,3 +443,37 @@ def test_a_script_that_sets_another_platform_than_the_runs_is_warned(tmp_path):
     assert "platform zion" in other.stdout
     assert ("set_platform replaces the platform `zion-emu run` chose ('zion', from its --platform and --set) with "
             "'zion'") in other.stderr
+
+
+@pytest.mark.slow
+def test_output_files_are_written_when_the_reader_of_stdout_has_gone(tmp_path):
+    # `zion-emu run ... | head -2`: the report's print met a closed pipe, and
+    # the command returned 0 before writing its files.
+    script = write(tmp_path, "s.py", """
+        import torch
+        x = torch.ones(3, device="zion")
+        print((x * 2).sum().item())
+    """)
+    out, html = tmp_path / "r.json", tmp_path / "r.html"
+    argv = [PYTHON, "-m", "zion_emu", "run", "--report", str(out), "--html", str(html), str(script)]
+    with started(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env=child_env(PYTHONUNBUFFERED="1")) as proc:
+        assert proc.stdout.readline()  # the script's line
+        proc.stdout.close()  # as `head -1` exits
+        _, err = finish(proc, 120)
+    assert proc.returncode == 0, err
+    assert json.loads(out.read_text())["iterations"] == 0
+    assert html.read_text().startswith("<!DOCTYPE html>")
+    assert "Traceback" not in err
+
+
+def test_a_scripts_own_options_are_never_read_as_abbreviations_of_runs(tmp_path):
+    # `--n 2` was "ambiguous option: --n could match --nproc, --nnodes, --node-rank".
+    script = write(tmp_path, "s.py", """
+        import sys
+        print("argv", sys.argv[1:])
+    """)
+    done = zion_emu_cli("run", str(script), "--n", "2", "--s", "1", "--h")
+    assert "argv ['--n', '2', '--s', '1', '--h']" in done.stdout
+    sweep = zion_emu_cli("sweep", "--set", "oam.launch_overhead_ns=5000", str(script), "--n", "2")
+    assert "oam.launch_overhead_ns=5000" in sweep.stdout  # its one variant ran (the script's output is not shown)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from zion_emu.cli import CliError, Parser, bench_collectives, collectives, info, run, sweep, tour
 from zion_emu.platform import ConfigError
@@ -28,8 +29,40 @@ def _parser() -> Parser:
     return parser
 
 
+class _StdoutUntilClosed:
+    """stdout that goes quiet once its reader has gone (``zion-emu run ... |
+    head``): later prints are dropped instead of raising, so a command still
+    writes its files (--report, --json, ...) and exits with its own code."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def _drop(self) -> None:
+        # The real descriptor too: the interpreter flushes it again at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        self._stream = open(os.devnull, "w")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one command; a user's mistake is one line on stderr and exit code 2."""
+    stdout = sys.stdout
+    sys.stdout = _StdoutUntilClosed(stdout)
     try:
         args = _parser().parse_args(argv)
         return args.func(args)
@@ -41,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, ValueError, OSError) as e:
         print(f"zion-emu: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -132,6 +132,12 @@ def load_platform(
     return Platform(native, name)
 
 
+def platform_files(name_or_path: str | os.PathLike[str]) -> list[str]:
+    """The files a platform reads: the one named (a preset's file for a
+    preset name) and each ``"base"`` it names in turn."""
+    return list(_C.sim.platform_files(os.fspath(name_or_path), _search_dirs()))
+
+
 def set_platform(platform: str | os.PathLike[str] | Platform, overrides: Mapping[str, Any] | None = None) -> Platform:
     """Makes ``platform`` (a preset name, a ``.json`` file or a loaded
     :class:`Platform`) the machine the zion device models; what

@@ -47,6 +47,8 @@ void bind_platform(py::module_& sim) {
           },
           py::arg("name_or_path"), py::arg("overrides"), py::arg("dirs"),
           "Loads a preset by name (searched in dirs) or a .json file; overrides are (dotted path, JSON text) pairs");
+  sim.def("platform_files", &platform_files, py::arg("name_or_path"), py::arg("dirs"),
+          "The files a platform reads: the one named and each \"base\" in turn");
   sim.def("parse_override", &parse_override, py::arg("assignment"));
   sim.def("preset_names", &preset_names, py::arg("dirs"));
   sim.def("set_default_preset_dirs", &set_default_preset_dirs, py::arg("dirs"));

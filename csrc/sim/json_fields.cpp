@@ -45,7 +45,12 @@ const nlohmann::json& JsonFields::array(const std::string& key) {
 }
 
 namespace {
+// Rates and sizes are later scaled (GB/s -> bytes/s) and divided into; a
+// value past these would overflow or underflow there (1e-300 FLOP/s made
+// modeled times infinite). Latencies are in nanoseconds: 1e12 is 1000 s.
 constexpr double kLargestPositive = 1e18;
+constexpr double kSmallestPositive = 1e-6;
+constexpr double kLargestNanoseconds = 1e12;
 }  // namespace
 
 double JsonFields::number(const std::string& key) {
@@ -59,15 +64,14 @@ double JsonFields::number(const std::string& key) {
 double JsonFields::positive(const std::string& key) {
   double x = number(key);
   if (!(x > 0)) fail(key, "must be > 0, got " + get(key).dump());
-  // Rates and sizes are later scaled (GB/s -> bytes/s) and divided into;
-  // a value past any machine's would overflow or underflow there.
-  if (x > kLargestPositive) fail(key, "must be at most 1e18, got " + get(key).dump());
+  if (x < kSmallestPositive || x > kLargestPositive) fail(key, "must be from 1e-6 to 1e18, got " + get(key).dump());
   return x;
 }
 
 double JsonFields::non_negative(const std::string& key) {
   double x = number(key);
   if (x < 0) fail(key, "must be >= 0, got " + get(key).dump());
+  if (x > kLargestNanoseconds) fail(key, "must be at most 1e12 (ns: 1000 s), got " + get(key).dump());
   return x;
 }
 

@@ -21,8 +21,8 @@ class JsonFields {
 
   JsonFields object(const std::string& key);
   const nlohmann::json& array(const std::string& key);
-  double positive(const std::string& key);     // > 0
-  double non_negative(const std::string& key);  // >= 0
+  double positive(const std::string& key);     // a rate or size: from 1e-6 to 1e18
+  double non_negative(const std::string& key);  // a latency in ns: from 0 to 1e12
   double fraction(const std::string& key);      // in (0, 1]
   // An integer from `min_value` to `max_value` (a bound the model can still run in reasonable time).
   int integer(const std::string& key, int min_value, int max_value = 1 << 30);

@@ -65,7 +65,7 @@ json read_json_file(const fs::path& path) {
   text << in.rdbuf();
   try {
     return json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number past a double's range (1e400)
     throw ConfigError("platform file '" + path.string() + "' is not valid JSON: " + e.what());
   }
 }
@@ -141,6 +141,8 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
     value = json::parse(value_text);
   } catch (const json::parse_error&) {
     value = value_text;  // a bare word: take it as a string
+  } catch (const json::exception& e) {  // a number past a double's range (1e400)
+    throw ConfigError("override '" + path + "=" + value_text + "': " + e.what());
   }
   std::vector<std::string> parts;
   std::stringstream ss(path);
@@ -471,6 +473,14 @@ Platform load_platform(const std::string& name_or_path, const std::vector<Overri
   }
 }
 
+std::vector<std::string> platform_files(const std::string& name_or_path, const std::vector<std::string>& dirs) {
+  BaseChain chain;
+  load_merged(name_or_path, dirs, {}, chain);
+  std::vector<std::string> files;
+  for (const auto& link : chain) files.push_back(link.second);
+  return files;
+}
+
 std::string escape_invalid_utf8(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -496,7 +506,7 @@ Platform platform_from_json_text(const std::string& text, const std::string& ori
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw ConfigError("platform " + origin + " is not valid JSON: " + e.what());
   }
   return parse(doc, origin);

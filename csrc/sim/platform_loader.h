@@ -47,6 +47,11 @@ Platform load_platform(const std::string& name_or_path,
                        const std::vector<Override>& overrides = {},
                        const std::vector<std::string>& dirs = default_preset_dirs());
 
+// The files a platform reads: `name_or_path` and each "base" it names in
+// turn, as found (a preset's own file included).
+std::vector<std::string> platform_files(const std::string& name_or_path,
+                                        const std::vector<std::string>& dirs = default_preset_dirs());
+
 // Parses JSON text that already holds every field (no "base").
 Platform platform_from_json_text(const std::string& text, const std::string& origin);
 

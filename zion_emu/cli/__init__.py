@@ -8,7 +8,7 @@ A user's mistake raises :class:`CliError` (or the model's ``ConfigError`` /
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from zion_emu.platform import Platform, load_platform, preset_names
 
@@ -18,7 +18,13 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting."""
+    """argparse that raises instead of printing usage and exiting, and takes
+    options only by their whole names: an abbreviation would claim a
+    script's own argument (``run train.py --n 2`` read as --nproc)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{message} (see '{self.prog} --help')")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.plot import check_writable
 from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
+from zion_emu.platform import platform_files
 
 # The mode every rank runs in: real (unset) or timing-only ("timing").
 MODE_ENV = "ZION_MODE"
@@ -260,10 +261,13 @@ def _check_outputs(args: argparse.Namespace, platform: Any) -> None:
 
 def input_files(args: argparse.Namespace, platform: Any) -> list[tuple[str, str]]:
     """(option, path) of the files a run reads and no output may overwrite:
-    the script and the platform file."""
+    the script, the platform file and every "base" file it reads in turn."""
     files = [("the script", args.script)]
     if Path(platform.origin).is_file():
-        files.append(("--platform" if args.platform else "$ZION_PLATFORM", platform.origin))
+        option = "--platform" if args.platform else "$ZION_PLATFORM"
+        chain = platform_files(platform.origin)
+        files.append((option, chain[0]))
+        files += [(f"the \"base\" of {option}", path) for path in chain[1:] if Path(path).is_file()]
     return files
 
 

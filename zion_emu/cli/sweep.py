@@ -85,11 +85,20 @@ def _axis(item: str, option: str) -> tuple[str, list[str]]:
     return key.strip(), options
 
 
-def variants(sweeps: list[str]) -> list[list[str]]:
-    """Every combination of the swept fields, as lists of PATH=VALUE."""
+def variants(sweeps: list[str], fixed: list[str] | tuple[str, ...] = ()) -> list[list[str]]:
+    """Every combination of the swept fields, as lists of PATH=VALUE. A
+    field is swept once, and not also fixed (``fixed``: --fix PATH=VALUE):
+    the last value given would win and the rows be mislabelled."""
     axes = []
+    seen: set[str] = set()
+    fixed_paths = {item.partition("=")[0].strip() for item in fixed}
     for item in sweeps:
         path, options = _axis(item, "--set")
+        if path in seen:
+            raise CliError(f"--set: '{path}' is swept twice; give all its values in one --set {path}=V1,V2,...")
+        if path in fixed_paths:
+            raise CliError(f"--set: '{path}' is swept and also fixed by --fix; drop one of them")
+        seen.add(path)
         axes.append([f"{path}={v}" for v in options])
     return [list(c) for c in itertools.product(*axes)] if axes else [[]]
 
@@ -356,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _jobs(args: argparse.Namespace) -> list[Job]:
     """Every command of every combination, filled in."""
-    platform_combos = variants(args.sweeps)
+    platform_combos = variants(args.sweeps, args.assignments)
     axes = parse_axes(args.axes)
     commands = commands_of(args)
     labels = command_labels(commands) if len(commands) > 1 else [""]
