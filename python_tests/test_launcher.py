@@ -477,3 +477,38 @@ def test_a_scripts_own_options_are_never_read_as_abbreviations_of_runs(tmp_path)
     assert "argv ['--n', '2', '--s', '1', '--h']" in done.stdout
     sweep = zion_emu_cli("sweep", "--set", "oam.launch_overhead_ns=5000", str(script), "--n", "2")
     assert "oam.launch_overhead_ns=5000" in sweep.stdout  # its one variant ran (the script's output is not shown)
+
+
+@pytest.mark.slow
+def test_sigterm_to_run_writes_the_partial_report_and_leaves_nothing_behind(tmp_path):
+    # `kill PID` or a scheduler's stop: run died at once, with no report, and
+    # left its run folder (platform and options files) in $TMPDIR.
+    script = write(tmp_path, "loop.py", """
+        import os, pathlib, torch
+        model = torch.nn.Linear(8, 8).to("zion")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(10**9):
+            model(torch.ones(4, 8, device="zion")).sum().backward()
+            opt.step()
+            (pathlib.Path(os.environ["PIDS"]) / str(os.getpid())).touch()
+    """)
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmp.mkdir()
+    out = tmp_path / "report.json"
+    with started([PYTHON, "-m", "zion_emu", "run", "--report", str(out), str(script)],
+                 env=child_env(PIDS=str(pids), TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not list(pids.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGTERM)  # the run's own process, not its group
+        stdout, stderr = finish(proc, 120)
+        assert not [p for p in pids.iterdir() if alive(int(p.name))], "the rank is still there"
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr, stderr
+    report = json.loads(out.read_text())
+    assert report["status"]["interrupted"] and report["status"]["exit_code"] == 143
+    assert report["iterations"] >= 1
+    assert not list(tmp.glob("zion-run-*"))

@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -327,19 +328,27 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: Wo
     return subprocess.Popen(command(args, run_dir, world), env=env, stdout=stdout, start_new_session=True)
 
 
-def wait(child: subprocess.Popen) -> tuple[int, bool]:
-    """Waits for the ranks. A Ctrl-C is passed to the child: the one rank, or
-    torchrun's launcher, which passes it to every rank. The ranks write
-    partial reports, which this waits for; a second Ctrl-C is passed on
-    again. Returns (code, interrupted)."""
-    interrupted = False
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a job scheduler's stop), handled as a Ctrl-C is."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def wait(child: subprocess.Popen) -> tuple[int, int]:
+    """Waits for the ranks. A Ctrl-C or a SIGTERM is passed to the child as a
+    Ctrl-C: the one rank, or torchrun's launcher, which passes it to every
+    rank. The ranks write partial reports, which this waits for; a second one
+    is passed on again. Returns (code, the signal that stopped the run or 0)."""
+    interrupted = 0
     while True:
         try:
             return child.wait(), interrupted
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             if not interrupted:
                 print("zion-emu: interrupted; waiting for the ranks to write their partial reports", file=sys.stderr)
-            interrupted = True
+            interrupted = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
             try:
                 child.send_signal(signal.SIGINT)
             except ProcessLookupError:
@@ -364,7 +373,7 @@ def gather(run_dir: Path) -> list[RankSnapshot]:
 
 
 def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
-           interrupted: bool, world: World | None = None) -> tuple[RunReport | None, int]:
+           interrupted: int, world: World | None = None) -> tuple[RunReport | None, int]:
     """Merges, prints and writes what was asked; returns (report, exit code)."""
     from zion_emu import report as rep
     from zion_emu import report_html, trace
@@ -375,8 +384,8 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
         return None, code or 1
     merged = rep.merge(snaps, samples_per_iteration=args.samples_per_iteration or None)
     if interrupted:
-        code = 128 + signal.SIGINT  # as a shell reports a run stopped by Ctrl-C
-    merged.status = rep.RunStatus(code, interrupted, {s.rank: s.status for s in snaps})
+        code = 128 + interrupted  # as a shell reports a run stopped by that signal
+    merged.status = rep.RunStatus(code, bool(interrupted), {s.rank: s.status for s in snaps})
     if args.cuda_compat:
         remapped: dict[str, int] = {}
         for s in snaps:
@@ -423,8 +432,14 @@ def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | N
         (run_dir / OPTIONS_FILE).write_text(json.dumps({"cuda_compat": args.cuda_compat,
                                                         "virtual_clock": args.virtual_clock,
                                                         "world": world.options() if world else None}))
-        child = start(args, run_dir, stdout, world)
-        code, interrupted = wait(child)
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+        try:
+            child = start(args, run_dir, stdout, world)
+            code, interrupted = wait(child)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)
         return finish(args, gather(run_dir), code, interrupted, world)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
