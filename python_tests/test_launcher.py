@@ -512,3 +512,32 @@ def test_sigterm_to_run_writes_the_partial_report_and_leaves_nothing_behind(tmp_
     assert report["status"]["interrupted"] and report["status"]["exit_code"] == 143
     assert report["iterations"] >= 1
     assert not list(tmp.glob("zion-run-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_when_one_rank_fails_the_others_report_and_the_run_exits_with_its_code(tmp_path):
+    # torchrun stops the other ranks with SIGTERM: rank 0 died without a report
+    # (the header said 1 rank, nothing said which was missing), the exit code
+    # was 1 and torchrun's ChildFailedError traceback was printed.
+    script = write(tmp_path, "fails.py", """
+        import sys, time, torch, torch.distributed as dist
+        dist.init_process_group("zion")
+        rank = dist.get_rank()
+        x = torch.ones(4, device=f"zion:{rank}")
+        dist.all_reduce(x)
+        if rank == 1:
+            sys.exit(3)
+        for _ in range(600):
+            time.sleep(0.05)
+            (x * 2).sum()
+    """)
+    out = tmp_path / "report.json"
+    r = zion_emu_cli("run", "--nproc", "2", "--report", str(out), str(script), check=False)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr, r.stderr
+    assert "zion-emu: rank 1 failed with exit code 3" in r.stderr
+    assert "rank 0 stopped by SIGTERM" in r.stderr
+    ranks = json.loads(out.read_text())["status"]["ranks"]
+    assert ranks == {"0": {"exit": "terminated", "code": 143}, "1": {"exit": "sys.exit", "code": 3}}
+    assert "platform zion, 2 rank(s)" in r.stdout

@@ -73,6 +73,14 @@ def take_world_rank(world: dict[str, Any]) -> None:
         os.environ.pop(PRESENT_RANKS_ENV, None)
 
 
+class _Terminated(KeyboardInterrupt):
+    """The rank was sent SIGTERM."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m zion_emu.launch script.py [args...]", file=sys.stderr)
@@ -109,6 +117,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(script).resolve().parent))
     status = RankStatus("ok", 0)
     code = 0
+    # torchrun stops the other ranks with SIGTERM when one fails: each writes
+    # its partial report, as on a Ctrl-C, rather than dying without one.
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -116,6 +127,11 @@ def main(argv: list[str]) -> int:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
         status = RankStatus("sys.exit", code)
+    except _Terminated:
+        code = 128 + signal.SIGTERM
+        status = RankStatus("terminated", code)
+        print(f"zion-emu: rank {rank} stopped by SIGTERM (another rank failed, or the launcher was stopped); writing "
+              "the partial report", file=sys.stderr)
     except KeyboardInterrupt:
         code = 130
         status = RankStatus("interrupted", code)
@@ -127,6 +143,7 @@ def main(argv: list[str]) -> int:
     if compat is not None:
         status.cuda_compat_remapped = compat.remapped()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # another Ctrl-C must not cut the report short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # The script's globals went with runpy's module, some in reference cycles:
     # collected now, the snapshot's memory in use is what live objects hold,
     # not what the collector happened to leave.

@@ -184,7 +184,7 @@ class LinkCounters:
 
 @dataclass
 class RankStatus:
-    """How a rank's script ended: ``exit`` is ok, sys.exit, interrupted or exception."""
+    """How a rank's script ended: ``exit`` is ok, sys.exit, interrupted (Ctrl-C), terminated (SIGTERM) or exception."""
 
     exit: str
     code: int

@@ -482,7 +482,9 @@ def _summary_rows(r: RunReport) -> list[tuple[str, str]]:
     if r.status is not None:
         rows.append(("exit code", _e(f"{r.status.exit_code}" + (" (interrupted)" if r.status.interrupted else ""))))
         for rank, s in r.status.ranks.items():
-            if s is not None and s.exit != "ok":
+            if s is None:
+                rows.append((f"rank {rank}", "left no report (killed before writing it)"))
+            elif s.exit != "ok":
                 rows.append((f"rank {rank}", _e(f"{s.exit} {s.code}" + (f": {s.error}" if s.error else ""))))
     return rows
 

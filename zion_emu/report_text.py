@@ -185,6 +185,9 @@ def format_text(report: RunReport) -> str:
     lines = []
     if report.status is not None and report.status.interrupted:
         lines.append("(partial: the run was interrupted)")
+    missing = [r for r, s in (report.status.ranks.items() if report.status is not None else ()) if s is None]
+    if missing:
+        lines.append(f"(partial: rank(s) {', '.join(map(str, missing))} left no report)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
     for section in (_summary, _precision, _world, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links,
                     _top_ops, _guessed):

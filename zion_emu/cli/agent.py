@@ -13,6 +13,7 @@ import sys
 
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from zion_emu import _parent_death
 
@@ -24,6 +25,13 @@ def main(argv: list[str]) -> int:
         run.main(argv)
     except SignalException as e:
         return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        # torchrun's own message is a traceback around the failure; the rank's
+        # error is already on stderr above. The exit code is the failed rank's.
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode  # -N: killed by signal N
+        print(f"zion-emu: rank {rank} failed with exit code {code}; the other ranks were stopped", file=sys.stderr)
+        return code
     return 0
 
 

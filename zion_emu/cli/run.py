@@ -385,7 +385,18 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
     merged = rep.merge(snaps, samples_per_iteration=args.samples_per_iteration or None)
     if interrupted:
         code = 128 + interrupted  # as a shell reports a run stopped by that signal
-    merged.status = rep.RunStatus(code, bool(interrupted), {s.rank: s.status for s in snaps})
+    ranks: dict[int, Any] = {s.rank: s.status for s in snaps}
+    if world is None and args.nnodes == 1:
+        # A rank that was killed before it could write leaves no snapshot: the
+        # report covers the others, and says which are missing.
+        missing = [r for r in range(_nproc(args)) if r not in ranks]
+        for r in missing:
+            ranks[r] = None
+        if missing:
+            print(f"zion-emu: rank(s) {', '.join(map(str, missing))} left no report (killed before writing it); the "
+                  f"report covers the other {len(snaps)}", file=sys.stderr)
+            code = code or 1
+    merged.status = rep.RunStatus(code, bool(interrupted), dict(sorted(ranks.items())))
     if args.cuda_compat:
         remapped: dict[str, int] = {}
         for s in snaps:
