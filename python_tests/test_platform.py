@@ -89,6 +89,8 @@ def bad_file(tmp_path, doc):
     ({"oam.efficiency.matmul": 1.5}, r"'oam.efficiency.matmul' must be in \(0, 1\]"),
     ({"nodes": "two"}, r"'nodes' must be an integer"),
     ({"upi.links": [[0, 0]]}, r"'upi.links' has entry \[0,0\]"),
+    # a copy across the missing link failed only when it ran ("no route from socket7 to oam0")
+    ({"upi.links": []}, r"'upi.links' leaves socket 1 unreachable from socket 0; the links must join all 8 sockets"),
     ({"collectives.algorithm": "fastest"}, r"allowed: auto, ring, direct"),
     ({"fabric.in_switch_reduction": True}, r"only fabric.topology = switch can reduce in the switch"),
     ({"oam.hbm_byte": 1}, r"override of unknown field 'oam.hbm_byte' \(at 'oam'\); allowed: .*hbm_bytes"),

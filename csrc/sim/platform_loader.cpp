@@ -371,6 +371,25 @@ void read_collectives(JsonFields& root, Platform& p) {
   c.finish();
 }
 
+// Every socket must reach every other over UPI: a copy between any socket
+// and any OAM may cross it, and an unreachable one failed only at that copy.
+void check_upi_joins_sockets(const Platform& p, const std::string& origin) {
+  std::vector<int> group(p.socket.count);
+  for (int i = 0; i < p.socket.count; ++i) group[i] = i;
+  auto root_of = [&](int x) {
+    while (group[x] != x) x = group[x] = group[group[x]];
+    return x;
+  };
+  for (const auto& [a, b] : p.upi.links) group[root_of(a)] = root_of(b);
+  for (int i = 1; i < p.socket.count; ++i) {
+    if (root_of(i) != root_of(0)) {
+      throw ConfigError("platform " + origin + ": field 'upi.links' leaves socket " + std::to_string(i) +
+                        " unreachable from socket 0; the links must join all " + std::to_string(p.socket.count) +
+                        " sockets");
+    }
+  }
+}
+
 void check_machine_size(const Platform& p, const std::string& origin) {
   const auto refuse_above = [&](const char* field, int per_node, const char* units) {
     const int64_t total = static_cast<int64_t>(p.nodes) * per_node;
@@ -393,6 +412,7 @@ Platform parse(const json& doc, const std::string& origin) {
   read_socket_and_upi(root, p);
   read_oam(root, p);
   check_machine_size(p, origin);
+  check_upi_joins_sockets(p, origin);
   read_nics(root, p);
   read_pcie(root, p);
   read_fabric(root, p);
