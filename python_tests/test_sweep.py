@@ -184,6 +184,21 @@ def test_a_variant_that_fails_keeps_the_rows_that_finished(tmp_path: Path, capsy
     assert "the table above has the 1 of 3 variants that finished" in err
     assert [r["variant"] for r in json.loads(rows_file.read_text())] == [["arg:--fail=0"]]
 
+def test_an_output_that_cannot_be_written_leaves_the_others_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first failed write stopped the sweep with exit 2, and none of the files was written.
+    monkeypatch.setattr(sweep, "execute", lambda one, stdout=None: (rep.merge([_snap(0)]), 0))
+    script = tmp_path / "s.py"
+    script.write_text("")
+    (tmp_path / "ro").mkdir()
+    rows_file, page = tmp_path / "ro" / "rows.json", tmp_path / "page.html"
+    monkeypatch.setattr(sweep.json, "dump", lambda *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    assert main(["sweep", "--json", str(rows_file), "--html", str(page), "--vary", "arg:--x=1,2", str(script)]) == 1
+    out, err = capsys.readouterr()
+    assert f"error: could not write the table as JSON to {rows_file}: Permission denied" in err
+    assert f"wrote the HTML report to {page}" in err and page.read_text().startswith("<!DOCTYPE html>")
+
+
 def _snap(rank: int, throughput: dict | None = None, samples: int | None = None) -> rep.RankSnapshot:
     return rep.RankSnapshot(rank, "zion", 1e-3, 8, [], [], {}, [], {}, 0, [0.0, 2e-4, 4e-4], samples,
                             throughput=throughput)

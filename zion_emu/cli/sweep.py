@@ -353,14 +353,13 @@ def run(args: argparse.Namespace) -> int:
         inputs += [f for f in _check_job(job) if f not in inputs]
     _check_outputs(args, inputs)
     rows, code = _run_jobs(jobs, args.show_output)
-    if rows:
-        _write(rows, args)
+    written = _write(rows, args) if rows else True
     if code:
         finished = (f"the table above has the {len(rows)} of {len(jobs)} variants that finished" if rows
                     else f"none of the {len(jobs)} variants finished, so nothing was written")
         print(f"zion-emu: error: variant {_title(jobs[len(rows)])} failed with exit code {code} (its errors are "
               f"above; `zion-emu run` with its values shows all its output); {finished}", file=sys.stderr)
-    return code
+    return code or (0 if written else 1)
 
 
 def _jobs(args: argparse.Namespace) -> list[Job]:
@@ -429,21 +428,35 @@ def _run_jobs(jobs: list[Job], show_output: bool) -> tuple[list[Variant], int]:
     return rows, 0
 
 
-def _write(rows: list[Variant], args: argparse.Namespace) -> None:
-    """The table of the rows, and the files asked for."""
+def _write(rows: list[Variant], args: argparse.Namespace) -> bool:
+    """The table of the rows, and the files asked for, each on its own: one
+    that cannot be written is said and the others are still written.
+    Returns whether every file was."""
     mark_best(rows)
     print()
     print(table(rows))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
+
+    def write_json(path: str) -> None:
+        with open(path, "w") as f:
             json.dump([r.as_json() for r in rows], f, indent=1)
-    if args.plot:
-        plot(rows, args.plot)
-    if args.html:
+
+    def write_html(path: str) -> None:
         from zion_emu import report_html
 
-        report_html.write_sweep([(r.name, r.report) for r in rows], args.html, report_html.invocation())
-        print(f"zion-emu: wrote the HTML report to {args.html}")
+        report_html.write_sweep([(r.name, r.report) for r in rows], path, report_html.invocation())
+
+    ok = True
+    for path, what, write in ((args.json_out, "table as JSON", write_json), (args.plot, "plot", lambda p: plot(rows, p)),
+                              (args.html, "HTML report", write_html)):
+        if not path:
+            continue
+        try:
+            write(path)
+            print(f"zion-emu: wrote the {what} to {path}", file=sys.stderr)
+        except OSError as e:
+            ok = False
+            print(f"zion-emu: error: could not write the {what} to {path}: {e.strerror or e}", file=sys.stderr)
+    return ok
 
 
 def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> None:
