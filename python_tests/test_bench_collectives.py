@@ -9,10 +9,14 @@ and busbw = algbw x the nccl-tests factor worked out here by hand.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from processes import zion_emu_cli
+from processes import PYTHON, finish, started, zion_emu_cli
 from zion_emu import load_platform, sim
 from zion_emu.__main__ import main
 from zion_emu.cli.bench_collectives import BYTES_PER_ROW, bench_sizes, calls_for
@@ -96,3 +100,23 @@ def test_four_ranks_with_a_chosen_algorithm_and_link_model_beside_plain_gloo() -
     _check_rows(rows, "all_reduce", 4, [1024, 1 << 20], "ring", "unaware")
     assert {r["algorithm"] for r in rows} == {"ring"}
     assert all(r["gloo_us"] > 0 for r in rows)  # the same calls through a plain gloo group, side by side
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_ctrl_c_keeps_the_rows_measured_and_prints_no_traceback(tmp_path) -> None:
+    # The launcher and every rank printed a KeyboardInterrupt traceback, and the rows were lost.
+    out = tmp_path / "out.txt"
+    argv = [PYTHON, "-m", "zion_emu", "bench-collectives", "--nproc", "2", "--max-bytes", str(1 << 28), "--iters", "500"]
+    with open(out, "w") as stdout, started(argv, stdout=stdout, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while "float" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, "it ended before a row was measured"
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal: the whole foreground group
+        _, err = finish(proc, 60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "zion-emu: interrupted; the rows above were measured before it" in err
+    text = out.read_text()
+    assert "float" in text and "# Avg bus bandwidth" in text

@@ -27,6 +27,8 @@ import json
 import os
 import queue
 import socket
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -259,6 +261,9 @@ def worker(rank: int, config: BenchConfig, results: Any) -> None:
     import zion_emu
     import zion_emu.distributed as zd
 
+    # A Ctrl-C at the terminal reaches every rank too: the launcher alone
+    # handles it, and stops the ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc))
     platform = zion_emu.load_platform(config.platform, assignments=config.assignments)
@@ -387,9 +392,19 @@ def run(args: argparse.Namespace) -> int:
             print(bench_table([], header(op), args.vs_gloo).rsplit("\n# Avg", 1)[0], flush=True)
         print(_bench_line(row), flush=True)
 
-    _spawn(config, model.update, on_row)
+    interrupted = False
+    try:
+        _spawn(config, model.update, on_row)
+    except KeyboardInterrupt:  # the ranks are stopped; the rows measured so far stand
+        interrupted = True
     if args.json:
         print(json.dumps([r.to_json() for op in ops for r in rows[op]], indent=2))
     else:
-        footer(ops[-1])
+        measured = [op for op in ops if rows[op]]
+        if measured:
+            footer(measured[-1])
+    if interrupted:
+        print(f"zion-emu: interrupted; {'the rows above were' if any(rows.values()) else 'no row was'} measured "
+              "before it", file=sys.stderr)
+        return 128 + signal.SIGINT
     return 0
