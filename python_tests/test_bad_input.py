@@ -100,7 +100,7 @@ def test_an_enumerated_field_lists_its_values():
     ("fabric.link_bandwidth_gb_per_s", 0, r"'fabric.link_bandwidth_gb_per_s' must be > 0, got 0"),
     ("upi.link_bandwidth_gb_per_s", -1, r"'upi.link_bandwidth_gb_per_s' must be > 0, got -1"),
     ("oam.count", 0, r"'oam.count' must be an integer from 1 to 1073741824, got 0"),
-    ("nodes", -2, r"'nodes' must be an integer from 1 to 65536, got -2"),
+    ("nodes", -2, r"'nodes' must be an integer from 1 to 4096, got -2"),
 ])
 def test_zero_or_negative_capacities_counts_and_bandwidths_are_refused(field, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -108,9 +108,10 @@ def test_zero_or_negative_capacities_counts_and_bandwidths_are_refused(field, va
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"nodes": 2147483647}, r"'nodes' must be an integer from 1 to 65536, got 2147483647"),
-    ({"nodes": 9000}, r"nodes x oam.count is 9000 x 8 = 72000 OAMs; at most 65536 are modeled"),
-    ({"socket.count": 100000}, r"nodes x socket.count is 1 x 100000 = 100000 sockets; at most 65536 are modeled"),
+    ({"nodes": 2147483647}, r"'nodes' must be an integer from 1 to 4096, got 2147483647"),
+    # 8,192 OAMs took 118 s and 19 GB for one all_reduce; 65,536 ran out of memory
+    ({"nodes": 1024}, r"nodes x oam.count is 1024 x 8 = 8192 OAMs; at most 4096 are modeled"),
+    ({"socket.count": 100000}, r"nodes x socket.count is 1 x 100000 = 100000 sockets; at most 4096 are modeled"),
     ({"collectives.pipeline_chunks": 10**9}, r"'collectives.pipeline_chunks' must be an integer from 1 to 1024, got "
                                             r"1000000000"),
 ])

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ConfigError, ValueError, OSError) as e:
         print(f"zion-emu: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("zion-emu: error: out of host memory; model fewer ranks, nodes or smaller sizes", file=sys.stderr)
+        return 1
     finally:
         sys.stdout = stdout
 
