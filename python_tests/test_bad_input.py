@@ -140,6 +140,13 @@ def test_a_rate_or_latency_that_would_overflow_the_model_is_refused_at_load(fiel
         zion_emu.load_platform("zion", overrides={field: value})
 
 
+def test_a_directory_given_as_a_platform_file_is_named_as_one(tmp_path):
+    # It said "not valid JSON: ... empty input".
+    with pytest.raises(ConfigError, match=re.escape(f"platform file '{tmp_path / 'p.json'}' is a directory, not a file")):
+        (tmp_path / "p.json").mkdir()
+        zion_emu.load_platform(str(tmp_path / "p.json"))
+
+
 def test_a_number_past_a_doubles_range_is_a_config_error(tmp_path):
     # nlohmann's out_of_range came out as a bare RuntimeError.
     with pytest.raises(ConfigError, match=r"override 'fabric.link_bandwidth_gb_per_s=1e400'.*number overflow"):

@@ -91,6 +91,7 @@ def bad_file(tmp_path, doc):
     ({"upi.links": [[0, 0]]}, r"'upi.links' has entry \[0,0\]"),
     # a copy across the missing link failed only when it ran ("no route from socket7 to oam0")
     ({"upi.links": []}, r"'upi.links' leaves socket 1 unreachable from socket 0; the links must join all 8 sockets"),
+    ({"nic.count": 0}, r"'pcie.switches.0.nics' lists NIC 0, but there are 0 NICs \(so the list must be empty\)"),
     ({"collectives.algorithm": "fastest"}, r"allowed: auto, ring, direct"),
     ({"fabric.in_switch_reduction": True}, r"only fabric.topology = switch can reduce in the switch"),
     ({"oam.hbm_byte": 1}, r"override of unknown field 'oam.hbm_byte' \(at 'oam'\); allowed: .*hbm_bytes"),

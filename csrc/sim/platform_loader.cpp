@@ -61,6 +61,8 @@ std::mutex g_dirs_mutex;
 std::vector<std::string> g_default_dirs;  // empty: not set by the caller
 
 json read_json_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw ConfigError("platform file '" + path.string() + "' is a directory, not a file");
   std::ifstream in(path);
   if (!in) throw ConfigError("platform file '" + path.string() + "' cannot be opened");
   std::stringstream text;
@@ -205,7 +207,8 @@ std::vector<int> read_indices(JsonFields& parent, const std::string& key, int co
   for (const auto& v : parent.array(key)) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= count) {
       parent.fail(key, "lists " + what + " " + v.dump() + ", but there are " + std::to_string(count) + " " + what +
-                           "s (allowed 0.." + std::to_string(count - 1) + ")");
+                           "s " + (count > 0 ? "(allowed 0.." + std::to_string(count - 1) + ")"
+                                             : "(so the list must be empty)"));
     }
     out.push_back(v.get<int>());
   }
