@@ -414,22 +414,30 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
             merged.world.assumptions.append("samples per iteration: each modeled rank's are its counterpart's")
     if not args.quiet_report:
         print(format_text(merged), flush=True)
-    failed = []
-    for path, what, write in (
+    written = write_outputs([
         (args.report, "report", lambda p: rep.write_json(merged, p)),
         (args.trace, "trace", lambda p: trace.write(snaps, p)),
         (args.plot, "plot", lambda p: trace.plot_utilization(snaps, p)),
         (args.html, "HTML report", lambda p: report_html.write_run(merged, snaps, p, report_html.invocation())),
-    ):
+    ])
+    return merged, code or (0 if written else 1)
+
+
+def write_outputs(outputs: list[tuple[str | None, str, Any]]) -> bool:
+    """Writes each (path, what, write) whose path is set, on its own: one that
+    cannot be written is said and the others are still written. Returns
+    whether every one was."""
+    ok = True
+    for path, what, write in outputs:
         if not path:
             continue
         try:
             write(path)
             print(f"zion-emu: wrote the {what} to {path}", file=sys.stderr)
         except OSError as e:
-            failed.append(what)
+            ok = False
             print(f"zion-emu: error: could not write the {what} to {path}: {e.strerror or e}", file=sys.stderr)
-    return merged, code or (1 if failed else 0)
+    return ok
 
 
 def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | None, int]:

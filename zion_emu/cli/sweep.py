@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from zion_emu._format import Column, Table
 from zion_emu.cli import CliError, Parser, platform_from
 from zion_emu.cli.plot import check_writable
-from zion_emu.cli.run import add_run_arguments, check_output_files, execute, input_files
+from zion_emu.cli.run import add_run_arguments, check_output_files, execute, input_files, write_outputs
 from zion_emu.cli.run import check as check_run  # what `zion-emu run` refuses before it starts
 
 if TYPE_CHECKING:
@@ -445,18 +445,8 @@ def _write(rows: list[Variant], args: argparse.Namespace) -> bool:
 
         report_html.write_sweep([(r.name, r.report) for r in rows], path, report_html.invocation())
 
-    ok = True
-    for path, what, write in ((args.json_out, "table as JSON", write_json), (args.plot, "plot", lambda p: plot(rows, p)),
-                              (args.html, "HTML report", write_html)):
-        if not path:
-            continue
-        try:
-            write(path)
-            print(f"zion-emu: wrote the {what} to {path}", file=sys.stderr)
-        except OSError as e:
-            ok = False
-            print(f"zion-emu: error: could not write the {what} to {path}: {e.strerror or e}", file=sys.stderr)
-    return ok
+    return write_outputs([(args.json_out, "table as JSON", write_json), (args.plot, "plot", lambda p: plot(rows, p)),
+                          (args.html, "HTML report", write_html)])
 
 
 def _check_outputs(args: argparse.Namespace, inputs: list[tuple[str, str]]) -> None:
