@@ -113,6 +113,18 @@ def test_step_factor_and_k_m_suffixes_set_the_rows(capsys: pytest.CaptureFixture
     assert [int(r[0]) for r in table_rows(out)] == [1024, 4096, 16384, 65536, 262144, 1048576]
 
 
+def test_sizes_are_whole_elements_per_rank_as_nccl_tests_counts_them(capsys: pytest.CaptureFixture[str]) -> None:
+    # Rows of 7 B (count 1) and a 13 B all_gather (count 3 over 8 ranks) were printed.
+    out = run_ok(capsys, "collectives", "--op", "all_gather", "--min-bytes", "13", "--max-bytes", "128")
+    # 13, 26, 52, 104 B rounded down to whole floats per rank (32 B over 8 ranks): 0, 0, 32, 96
+    assert [(int(r[0]), int(r[1])) for r in table_rows(out)] == [(32, 8), (96, 24)]
+    out = run_ok(capsys, "collectives", "--min-bytes", "7", "--max-bytes", "32", "--dtype", "double")
+    assert [(int(r[0]), int(r[1])) for r in table_rows(out)] == [(8, 1), (24, 3)]  # 14 -> 8 (a repeat), 28 -> 24
+    assert main(["collectives", "--op", "all_gather", "--min-bytes", "13", "--max-bytes", "13"]) == 2
+    assert "no size from 13 to 13 bytes holds one float per rank for all_gather over 8 ranks; the smallest is 32 " \
+           "bytes" in capsys.readouterr().err
+
+
 def test_json_rows_carry_the_nccl_tests_fields(capsys: pytest.CaptureFixture[str]) -> None:
     rows = json.loads(run_ok(capsys, "collectives", "--op", "all_gather", "--ranks", "4", "--min-bytes", "1M",
                              "--max-bytes", "4M", "--dtype", "double", "--json"))

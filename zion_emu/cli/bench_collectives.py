@@ -39,13 +39,13 @@ from zion_emu._format import format_bytes
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.collectives import add_link_model_argument
 from zion_emu.cli.nccl_table import Row, table
-from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
+from zion_emu.cli import sizes as sizes_module
+from zion_emu.cli.sizes import ELEMENT_BYTES, SPLIT_OPS, parse_size, size_sweep, whole_element_sizes
 
 # Every collective of the model that is one torch.distributed call on a group;
 # send_recv is a pair of point-to-point calls, not benchmarked here.
 OPS = tuple(op for op in sim.collective_op_names() if op != "send_recv")
 # The ops whose per-rank share is size / nproc: sizes round to nproc elements.
-_SPLIT = {"all_gather", "reduce_scatter", "all_to_all"}
 DTYPE = "float"
 BYTES_PER_ROW = 256 << 20
 # The group's timeout: a rank that dies leaves the others waiting at most this long.
@@ -129,18 +129,12 @@ def bench_table(rows: list[BenchRow], header: list[str], vs_gloo: bool = False) 
 
 def element_unit(op: str, nproc: int) -> int:
     """Bytes a size must be a multiple of: one element, per rank for the split ops."""
-    return ELEMENT_BYTES[DTYPE] * (nproc if op in _SPLIT else 1)
+    return sizes_module.element_unit(op, nproc, DTYPE)
 
 
 def bench_sizes(op: str, nproc: int, sizes: list[int]) -> list[int]:
     """``sizes`` rounded down to whole elements (per rank for split ops); empty ones dropped, repeats once."""
-    unit = element_unit(op, nproc)
-    out: list[int] = []
-    for size in sizes:
-        rounded = size // unit * unit
-        if rounded > 0 and rounded not in out:
-            out.append(rounded)
-    return out
+    return whole_element_sizes(op, nproc, sizes, DTYPE)
 
 
 def calls_for(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
@@ -276,7 +270,7 @@ def worker(rank: int, config: BenchConfig, results: Any) -> None:
             results.put(("model", zd.group_model()))
         torch.zion.set_device(rank % platform.devices_per_node)
         elements = max(max(sizes) for sizes in config.sizes.values()) // ELEMENT_BYTES[DTYPE]
-        split = bool(set(config.sizes) & _SPLIT)
+        split = bool(set(config.sizes) & SPLIT_OPS)
         buffers = (torch.ones(elements, device="zion"), torch.empty(elements, device="zion") if split else None)
         gloo = None
         if config.vs_gloo:

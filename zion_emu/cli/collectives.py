@@ -13,7 +13,7 @@ from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.compare import compare_topologies, comparison_json, ratio_table
 from zion_emu.cli.plot import check_writable, plot_busbw
 from zion_emu.cli.nccl_table import RunCollective, sweep, table
-from zion_emu.cli.sizes import ELEMENT_BYTES, parse_size, size_sweep
+from zion_emu.cli.sizes import ELEMENT_BYTES, element_unit, parse_size, size_sweep, whole_element_sizes
 
 # --mode values beyond the link models: ASTRA-sim's congestion-unaware backend.
 ASTRA_UNAWARE = "astra-unaware"
@@ -155,6 +155,14 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_topologies:
         return _compare(args, sizes, link_model)
     machine = _machine(args, link_model)
+    if not args.astra_network:  # ASTRA-sim's sizes are its own bytes
+        # Whole elements (per rank for the split ops), as nccl-tests counts them.
+        swept = sizes
+        sizes = whole_element_sizes(args.op, machine.ranks, sizes, args.dtype)
+        if not sizes:
+            raise CliError(f"no size from {swept[0]} to {swept[-1]} bytes holds one {args.dtype} per rank for "
+                           f"{args.op} over {machine.ranks} ranks; the smallest is "
+                           f"{element_unit(args.op, machine.ranks, args.dtype)} bytes")
     rows = sweep(machine.run, args.op, machine.ranks, link_model, sizes, args.dtype, args.root)
     if args.plot:
         plot_busbw(args.plot, f"{args.op}, {machine.ranks} ranks, link model {link_model}",

@@ -41,3 +41,24 @@ def size_sweep(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:
         size *= step_factor
     return sizes
 
+
+
+# Ops whose size is split over the ranks (each rank's piece is size / ranks).
+SPLIT_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
+
+
+def element_unit(op: str, nranks: int, dtype: str) -> int:
+    """Bytes a size must be a multiple of: one element, per rank for the split ops."""
+    return ELEMENT_BYTES[dtype] * (nranks if op in SPLIT_OPS else 1)
+
+
+def whole_element_sizes(op: str, nranks: int, sizes: list[int], dtype: str) -> list[int]:
+    """``sizes`` rounded down to whole elements (per rank for the split ops), as
+    nccl-tests rounds its counts; empty ones dropped, repeats once."""
+    unit = element_unit(op, nranks, dtype)
+    out: list[int] = []
+    for size in sizes:
+        rounded = size // unit * unit
+        if rounded > 0 and rounded not in out:
+            out.append(rounded)
+    return out
