@@ -140,6 +140,15 @@ def test_a_rate_or_latency_that_would_overflow_the_model_is_refused_at_load(fiel
         zion_emu.load_platform("zion", overrides={field: value})
 
 
+def test_a_chain_of_base_files_past_64_is_refused(tmp_path):
+    # 10,000 files crashed the process (the stack).
+    for i in range(70):
+        (tmp_path / f"p{i}.json").write_text(f'{{"base": "p{i + 1}.json"}}' if i < 69 else '{"base": "zion"}')
+    with pytest.raises(ConfigError, match=r"p0.json' builds on more than 64 files through \"base\""):
+        zion_emu.load_platform(str(tmp_path / "p0.json"))
+    assert zion_emu.load_platform(str(tmp_path / "p10.json")).name == "zion"  # 60 files and the preset's: fine
+
+
 def test_a_directory_given_as_a_platform_file_is_named_as_one(tmp_path):
     # It said "not valid JSON: ... empty input".
     with pytest.raises(ConfigError, match=re.escape(f"platform file '{tmp_path / 'p.json'}' is a directory, not a file")):

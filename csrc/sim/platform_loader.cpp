@@ -122,6 +122,14 @@ json load_merged(const std::string& name_or_path, const std::vector<std::string>
                       "'" + path.string() + "'");
   }
   chain.emplace_back(key, path.string());
+  // Each "base" is a call deeper: a chain far past any real one would
+  // exhaust the stack (10,000 files crashed the process).
+  constexpr size_t kMaxBaseChain = 64;
+  if (chain.size() > kMaxBaseChain) {
+    throw ConfigError("platform file '" + chain.front().second + "' builds on more than " + std::to_string(kMaxBaseChain) +
+                      " files through \"base\" (the last read: '" + path.string() + "'); at most " +
+                      std::to_string(kMaxBaseChain) + " are followed");
+  }
   json doc = read_json_file(path);
   if (!doc.is_object()) {
     throw ConfigError("platform file '" + path.string() + "' must hold a JSON object, got " + doc.type_name());
