@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <sstream>
 
 namespace zion::dist {
@@ -77,6 +78,22 @@ bool all_equal(const std::vector<RankSide>& sides, F field) {
   return std::all_of(sides.begin(), sides.end(), [&](const RankSide& s) { return field(s) == field(sides[0]); });
 }
 
+// The first (i, j) where what rank i counts for rank j (send_counts[j]) is not
+// what rank j counts for rank i (recv_counts[i]), or (-1, -1): an all-to-all's
+// splits, a reduce_scatter's entries against each rank's output.
+std::pair<int, int> count_mismatch(const std::vector<RankSide>& sides) {
+  const size_t n = sides.size();
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (sides[i].send_counts.size() == n && sides[j].recv_counts.size() == n &&
+          sides[i].send_counts[j] != sides[j].recv_counts[i]) {
+        return {static_cast<int>(i), static_cast<int>(j)};
+      }
+    }
+  }
+  return {-1, -1};
+}
+
 void check(const Agreement& a, int rank, const RankSide& mine) {
   const auto& sides = a.sides;
   const char* name = call_name(mine.call);
@@ -103,16 +120,11 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
                 return std::string(c10::toString(static_cast<c10::ScalarType>(s.dtype)));
               }), ")");
   if (mine.call == Call::kReduceScatter) {
-    // Entry j of rank i's input list is reduced into rank j's output (every
-    // rank without an error sent a count per rank: the checks above passed).
-    const size_t n = sides.size();
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t j = 0; j < n && sides[i].send_counts.size() == n && sides[j].recv_counts.size() == n; ++j) {
-        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: ", name, ": rank ", i,
-                    "'s input list has ", sides[i].send_counts[j], " elements at index ", j, ", where rank ", j,
-                    "'s output has ", sides[j].recv_counts[i], "; entry j of every rank's input list must have rank j's output size");
-      }
-    }
+    // Entry j of rank i's input list is reduced into rank j's output.
+    const auto [i, j] = count_mismatch(sides);
+    TORCH_CHECK(i < 0, "zion backend: ", name, ": rank ", i, "'s input list has ", sides[i].send_counts[j],
+                " elements at index ", j, ", where rank ", j, "'s output has ", sides[j].recv_counts[i],
+                "; entry j of every rank's input list must have rank j's output size");
   }
   TORCH_CHECK(all_equal(sides, [](const RankSide& s) { return s.numel; }), "zion backend: ", name,
               ": tensor sizes differ across ranks (elements per rank: ", per_rank(sides, [](const RankSide& s) { return s.numel; }),
@@ -132,16 +144,11 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
     seen.push_back(s.device);
   }
   if (mine.call == Call::kAllToAllSingle || mine.call == Call::kAllToAll) {
-    const int n = static_cast<int>(sides.size());
     const char* fix = mine.call == Call::kAllToAll ? "the sizes of the input and output tensor lists"
                                                    : "input_split_sizes and output_split_sizes";
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < n; ++j) {
-        TORCH_CHECK(sides[i].send_counts[j] == sides[j].recv_counts[i], "zion backend: ", name, ": rank ", i, " sends ",
-                    sides[i].send_counts[j], " elements to rank ", j, ", which expects ", sides[j].recv_counts[i],
-                    " from it; check ", fix);
-      }
-    }
+    const auto [i, j] = count_mismatch(sides);
+    TORCH_CHECK(i < 0, "zion backend: ", name, ": rank ", i, " sends ", sides[i].send_counts[j], " elements to rank ", j,
+                ", which expects ", sides[j].recv_counts[i], " from it; check ", fix);
   }
 }
 
