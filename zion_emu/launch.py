@@ -73,12 +73,14 @@ def take_world_rank(world: dict[str, Any]) -> None:
         os.environ.pop(PRESENT_RANKS_ENV, None)
 
 
-class _Terminated(KeyboardInterrupt):
-    """The rank was sent SIGTERM."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (torchrun stopping the ranks, `kill`, a job scheduler's stop),
+    raised where the program is, as a Ctrl-C is: see :func:`raise_terminated`."""
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
+def raise_terminated(signum: int, frame: object) -> None:
+    """A SIGTERM handler that raises :class:`Terminated`."""
+    raise Terminated()
 
 
 def main(argv: list[str]) -> int:
@@ -119,7 +121,7 @@ def main(argv: list[str]) -> int:
     code = 0
     # torchrun stops the other ranks with SIGTERM when one fails: each writes
     # its partial report, as on a Ctrl-C, rather than dying without one.
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -127,7 +129,7 @@ def main(argv: list[str]) -> int:
         if e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
         status = RankStatus("sys.exit", code)
-    except _Terminated:
+    except Terminated:
         code = 128 + signal.SIGTERM
         status = RankStatus("terminated", code)
         print(f"zion-emu: rank {rank} stopped by SIGTERM (another rank failed, or the launcher was stopped); writing "

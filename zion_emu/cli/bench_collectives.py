@@ -39,8 +39,8 @@ from zion_emu._format import format_bytes
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.collectives import add_link_model_argument
 from zion_emu.cli.nccl_table import Row, table
-from zion_emu.cli import sizes as sizes_module
 from zion_emu.cli.sizes import ELEMENT_BYTES, SPLIT_OPS, parse_size, size_sweep, whole_element_sizes
+from zion_emu.cli.sizes import element_unit as element_unit_of
 
 # Every collective of the model that is one torch.distributed call on a group;
 # send_recv is a pair of point-to-point calls, not benchmarked here.
@@ -129,7 +129,7 @@ def bench_table(rows: list[BenchRow], header: list[str], vs_gloo: bool = False) 
 
 def element_unit(op: str, nproc: int) -> int:
     """Bytes a size must be a multiple of: one element, per rank for the split ops."""
-    return sizes_module.element_unit(op, nproc, DTYPE)
+    return element_unit_of(op, nproc, DTYPE)
 
 
 def bench_sizes(op: str, nproc: int, sizes: list[int]) -> list[int]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from zion_emu.cli import CliError, add_platform_arguments, platform_from
 from zion_emu.cli.plot import check_writable
-from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV
+from zion_emu.launch import OPTIONS_FILE, RUN_DIR_ENV, Terminated, raise_terminated
 from zion_emu.platform import platform_files
 
 # The mode every rank runs in: real (unset) or timing-only ("timing").
@@ -328,14 +328,6 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: Wo
     return subprocess.Popen(command(args, run_dir, world), env=env, stdout=stdout, start_new_session=True)
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (`kill`, a job scheduler's stop), handled as a Ctrl-C is."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated()
-
-
 def wait(child: subprocess.Popen) -> tuple[int, int]:
     """Waits for the ranks. A Ctrl-C or a SIGTERM is passed to the child as a
     Ctrl-C: the one rank, or torchrun's launcher, which passes it to every
@@ -348,7 +340,7 @@ def wait(child: subprocess.Popen) -> tuple[int, int]:
         except KeyboardInterrupt as e:
             if not interrupted:
                 print("zion-emu: interrupted; waiting for the ranks to write their partial reports", file=sys.stderr)
-            interrupted = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+            interrupted = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
             try:
                 child.send_signal(signal.SIGINT)
             except ProcessLookupError:
@@ -452,7 +444,7 @@ def execute(args: argparse.Namespace, stdout: Any = None) -> tuple[RunReport | N
                                                         "virtual_clock": args.virtual_clock,
                                                         "world": world.options() if world else None}))
         main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+        previous = signal.signal(signal.SIGTERM, raise_terminated) if main_thread else None
         try:
             child = start(args, run_dir, stdout, world)
             code, interrupted = wait(child)
