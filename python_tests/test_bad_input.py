@@ -149,6 +149,21 @@ def test_a_chain_of_base_files_past_64_is_refused(tmp_path):
     assert zion_emu.load_platform(str(tmp_path / "p10.json")).name == "zion"  # 60 files and the preset's: fine
 
 
+def test_json_nested_past_64_levels_is_refused_not_a_crash(tmp_path):
+    # 100,000 nested objects in a platform file killed the process with SIGSEGV (the stack).
+    path = tmp_path / "deep.json"
+    path.write_text('{"base": "zion", "oam": ' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}")
+    result = _cli("info", "--platform", str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"platform file '{path}' nests objects or lists deeper than 64 levels" in result.stderr
+    with pytest.raises(ConfigError, match=r"override 'oam.x' nests objects or lists deeper than 64 levels"):
+        zion_emu.load_platform("zion", assignments=["oam.x=" + "[" * 100_000 + "]" * 100_000])
+    # 64 levels are parsed and checked as any document is.
+    path.write_text('{"base": "zion", "oam": ' + '{"a": ' * 62 + "1" + "}" * 62 + "}")
+    with pytest.raises(ConfigError, match=r"unknown field 'oam.a'"):
+        zion_emu.load_platform(str(path))
+
+
 def test_a_directory_given_as_a_platform_file_is_named_as_one(tmp_path):
     # It said "not valid JSON: ... empty input".
     with pytest.raises(ConfigError, match=re.escape(f"platform file '{tmp_path / 'p.json'}' is a directory, not a file")):

@@ -60,6 +60,27 @@ size_t utf8_sequence_length(const std::string& s, size_t i) {
 std::mutex g_dirs_mutex;
 std::vector<std::string> g_default_dirs;  // empty: not set by the caller
 
+// The deepest nesting of objects and lists a platform document may have. A
+// preset nests five levels; a document nested tens of thousands deep would
+// overflow the stack when it is merged, checked or freed.
+constexpr int kMaxJsonDepth = 64;
+
+struct TooDeep {};
+
+// Parses `text`, refusing nesting past kMaxJsonDepth with a ConfigError that
+// names `what`; a syntax error is left to the caller as json::parse_error.
+json parse_json(const std::string& text, const std::string& what) {
+  try {
+    return json::parse(text, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    throw ConfigError(what + " nests objects or lists deeper than " + std::to_string(kMaxJsonDepth) +
+                      " levels (the presets nest five)");
+  }
+}
+
 json read_json_file(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw ConfigError("platform file '" + path.string() + "' is a directory, not a file");
@@ -68,7 +89,7 @@ json read_json_file(const fs::path& path) {
   std::stringstream text;
   text << in.rdbuf();
   try {
-    return json::parse(text.str());
+    return parse_json(text.str(), "platform file '" + path.string() + "'");
   } catch (const json::exception& e) {  // a syntax error, or a number past a double's range (1e400)
     throw ConfigError("platform file '" + path.string() + "' is not valid JSON: " + e.what());
   }
@@ -150,7 +171,7 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
   const auto& [path, value_text] = ov;
   json value;
   try {
-    value = json::parse(value_text);
+    value = parse_json(value_text, "override '" + path + "'");
   } catch (const json::parse_error&) {
     value = value_text;  // a bare word: take it as a string
   } catch (const json::exception& e) {  // a number past a double's range (1e400)
@@ -538,7 +559,7 @@ ConfigError::ConfigError(const std::string& what) : std::invalid_argument(escape
 Platform platform_from_json_text(const std::string& text, const std::string& origin) {
   json doc;
   try {
-    doc = json::parse(text);
+    doc = parse_json(text, "platform " + origin);
   } catch (const json::exception& e) {
     throw ConfigError("platform " + origin + " is not valid JSON: " + e.what());
   }
