@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-import torch.multiprocessing as mp
+
+from zion_emu.cli.bench_collectives import spawned
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -149,17 +150,11 @@ def spawn(worker: Callable[..., None], nprocs: int, tmp_path: Any, *args: Any, t
     and returns their pids, all ended and reaped; fails the test past
     ``timeout_s``, and fails it if a rank failed."""
     store = str(tmp_path / "store")
-    ctx = mp.start_processes(worker, args=(nprocs, store, *args), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
-    try:
+    with spawned(worker, (nprocs, store, *args), nprocs) as ctx:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
                 pytest.fail(f"{worker.__name__} on {nprocs} ranks did not finish in {timeout_s} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
     return [p.pid for p in ctx.processes]
 
 

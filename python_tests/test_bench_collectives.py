@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from processes import PYTHON, finish, started, zion_emu_cli
+from processes import PYTHON, child_env, finish, started, zion_emu_cli
 from zion_emu import load_platform, sim
 from zion_emu.__main__ import main
-from zion_emu.cli.bench_collectives import BYTES_PER_ROW, bench_sizes, calls_for
+from zion_emu.cli.bench_collectives import BYTES_PER_ROW, bench_sizes, calls_for, spawned
 
 RUN_TIMEOUT_S = 180
 
@@ -107,8 +107,11 @@ def test_four_ranks_with_a_chosen_algorithm_and_link_model_beside_plain_gloo() -
 def test_ctrl_c_keeps_the_rows_measured_and_prints_no_traceback(tmp_path) -> None:
     # The launcher and every rank printed a KeyboardInterrupt traceback, and the rows were lost.
     out = tmp_path / "out.txt"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     argv = [PYTHON, "-m", "zion_emu", "bench-collectives", "--nproc", "2", "--max-bytes", str(1 << 28), "--iters", "500"]
-    with open(out, "w") as stdout, started(argv, stdout=stdout, stderr=subprocess.PIPE, text=True) as proc:
+    env = child_env(TMPDIR=str(temp))
+    with open(out, "w") as stdout, started(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env) as proc:
         deadline = time.monotonic() + 120
         while "float" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -120,3 +123,29 @@ def test_ctrl_c_keeps_the_rows_measured_and_prints_no_traceback(tmp_path) -> Non
     assert "zion-emu: interrupted; the rows above were measured before it" in err
     text = out.read_text()
     assert "float" in text and "# Avg bus bandwidth" in text
+    # The rank that lost its peer raised; torch's spawn leaves its traceback file behind unless removed.
+    assert not list(temp.iterdir())
+
+
+def _rank_that_raises_or_sleeps(rank: int) -> None:
+    if rank == 0:
+        raise ValueError("rank 0 gives up")
+    time.sleep(600)
+
+
+@pytest.mark.multiproc
+def test_spawned_ranks_are_killed_and_leave_no_traceback_file(tmp_path, monkeypatch) -> None:
+    # torch's spawn writes a raising rank's traceback to $TMPDIR for join to read, and never removes it:
+    # each failed bench-collectives run left a pytorch-errorfile-*.pickle behind.
+    import tempfile
+    import torch.multiprocessing as mp
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    with pytest.raises(mp.ProcessRaisedException, match="rank 0 gives up"):
+        with spawned(_rank_that_raises_or_sleeps, (), 2) as ctx:
+            deadline = time.monotonic() + 60
+            while not ctx.join(timeout=0.5):
+                assert time.monotonic() < deadline, "rank 0 did not raise"
+    assert not ctx.processes[1].is_alive()  # the sleeping rank was killed on leaving
+    assert not list(tmp_path.iterdir())

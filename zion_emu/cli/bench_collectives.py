@@ -22,6 +22,7 @@ per rank: at least one timed call, and no more warmup calls than timed ones.
 
 from __future__ import annotations
 
+import contextlib
 import argparse
 import json
 import os
@@ -32,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from zion_emu import sim
 from zion_emu._format import format_bytes
@@ -284,13 +285,33 @@ def worker(rank: int, config: BenchConfig, results: Any) -> None:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def spawned(fn: Callable[..., None], args: tuple, nprocs: int) -> Iterator[Any]:
+    """Runs ``fn(rank, *args)`` in ``nprocs`` spawned processes and yields
+    their ``ProcessContext``. On leaving, however it is left, kills the ranks
+    still running, reaps them all and removes the traceback files that torch's
+    spawn leaves in ``$TMPDIR`` for ranks that raised."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    try:
+        yield ctx
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+        for path in ctx.error_files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _spawn(config: BenchConfig, on_model: Callable[[dict[str, str]], None],
            on_row: Callable[[dict[str, Any]], None]) -> None:
     """Runs the ranks, handing on what rank 0 reports as it comes."""
     import torch.multiprocessing as mp
 
     results = mp.get_context("spawn").Queue()
-    ctx = mp.start_processes(worker, args=(config, results), nprocs=config.nproc, join=False, start_method="spawn")
 
     def drain(wait_s: float) -> None:
         while True:
@@ -300,20 +321,16 @@ def _spawn(config: BenchConfig, on_model: Callable[[dict[str, str]], None],
                 return
             (on_row if kind == "row" else on_model)(value)
 
-    try:
-        while not ctx.join(timeout=0.2):
-            drain(0)
-    except mp.ProcessRaisedException as e:
-        last = str(e).strip().splitlines()[-1]
-        raise CliError(f"rank {e.error_index} failed: {last}") from None
-    except mp.ProcessExitedException as e:
-        hint = " (killed: out of host memory? lower --max-bytes or --nproc)" if e.exit_code in (-9, 137) else ""
-        raise CliError(f"rank {e.error_index} exited with code {e.exit_code}{hint}") from None
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+    with spawned(worker, (config, results), config.nproc) as ctx:
+        try:
+            while not ctx.join(timeout=0.2):
+                drain(0)
+        except mp.ProcessRaisedException as e:
+            last = str(e).strip().splitlines()[-1]
+            raise CliError(f"rank {e.error_index} failed: {last}") from None
+        except mp.ProcessExitedException as e:
+            hint = " (killed: out of host memory? lower --max-bytes or --nproc)" if e.exit_code in (-9, 137) else ""
+            raise CliError(f"rank {e.error_index} exited with code {e.exit_code}{hint}") from None
     drain(0.5)  # what rank 0 put just before it ended
 
 
