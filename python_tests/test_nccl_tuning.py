@@ -26,7 +26,7 @@ import pytest
 from pytest import approx
 
 import zion_emu
-from zion_emu import sim
+from zion_emu import ConfigError, sim
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -185,6 +185,24 @@ def test_bad_tuning_inputs_are_refused():
         zion_emu.load_platform("hgx-a100", overrides={"collectives.nccl_tuner.compute_capability": 86})
 
 
+
+def test_the_tuner_can_be_added_by_override_to_a_platform_without_it():
+    # `--set collectives.nccl_tuner.enabled=true` on zion was refused as an unknown field: an override could
+    # only change fields the document had, and nccl_tuner is optional. The values are hgx-h100's.
+    assignments = ["collectives.nccl_tuner.enabled=true", "collectives.nccl_tuner.compute_capability=90"]
+    base = zion_emu.load_platform("zion", assignments=["fabric.topology=switch", *assignments])
+    assert base.get("collectives.nccl_tuner.compute_capability") == 90
+    r = sim.collective(base, "all_reduce", 8, 8)
+    assert r.protocol == "LL"  # priced by the tuner: a protocol is named
+    # Left incomplete, it names the missing field (and no advice about platform files' "base").
+    with pytest.raises(ConfigError) as e:
+        zion_emu.load_platform("zion", assignments=["collectives.nccl_tuner.enabled=true"])
+    assert "field 'collectives.nccl_tuner.compute_capability' is missing" in str(e.value)
+    assert "base" not in str(e.value)
+    # A misspelt field is still refused, and the optional one is among those allowed.
+    with pytest.raises(ConfigError, match=r"unknown field 'collectives.nccl_tunr.enabled' \(at 'collectives'\); "
+                                          r"allowed: .*astra, base_latency_ns, nccl_tuner, pipeline_chunks"):
+        zion_emu.load_platform("zion", assignments=["collectives.nccl_tunr.enabled=true"])
 
 def test_other_fabrics_keep_the_topology_model():
     # The tuner's channel search is the NVSwitch one: a fully connected

@@ -167,6 +167,24 @@ json load_merged(const std::string& name_or_path, const std::vector<std::string>
   return merged;
 }
 
+// Fields that a platform may leave out, which an override may therefore add
+// (every other field an override names must be in the document already).
+const std::vector<std::string> kOptionalFields = {
+    "collectives.nccl_tuner", "collectives.nccl_tuner.time_model", "collectives.nccl_tuner.cpu_vendor",
+    "oam.peak_flops.tf32", "socket.peak_flops.tf32"};
+
+// The optional fields directly under `parent` ("" for the top level).
+std::vector<std::string> optional_fields_under(const std::string& parent) {
+  std::vector<std::string> out;
+  const std::string prefix = parent.empty() ? "" : parent + ".";
+  for (const std::string& field : kOptionalFields) {
+    if (field.compare(0, prefix.size(), prefix) == 0 && field.find('.', prefix.size()) == std::string::npos) {
+      out.push_back(field.substr(prefix.size()));
+    }
+  }
+  return out;
+}
+
 void apply_override(json& doc, const Override& ov, const std::string& origin) {
   const auto& [path, value_text] = ov;
   json value;
@@ -190,12 +208,23 @@ void apply_override(json& doc, const Override& ov, const std::string& origin) {
     const std::string& part = parts[i];
     bool last = i + 1 == parts.size();
     if (node->is_object()) {
-      if (!node->contains(part) && !(is_source && last)) {
-        std::vector<std::string> keys;
-        for (auto it = node->begin(); it != node->end(); ++it) keys.push_back(it.key());
+      const std::vector<std::string> optional = optional_fields_under(walked);
+      // Within an optional object any field may be added; parsing checks it as any other.
+      const bool in_optional = std::any_of(kOptionalFields.begin(), kOptionalFields.end(), [&](const std::string& f) {
+        return walked == f || walked.compare(0, f.size() + 1, f + ".") == 0;
+      });
+      const bool may_add = (is_source && last) || in_optional ||
+                           std::find(optional.begin(), optional.end(), part) != optional.end();
+      if (!node->contains(part) && !may_add) {
+        std::vector<std::string> keys = optional;
+        for (auto it = node->begin(); it != node->end(); ++it) {
+          if (std::find(keys.begin(), keys.end(), it.key()) == keys.end()) keys.push_back(it.key());
+        }
+        std::sort(keys.begin(), keys.end());
         throw ConfigError("platform " + origin + ": override of unknown field '" + path + "'" +
                           (walked.empty() ? "" : " (at '" + walked + "')") + "; allowed: " + join_names(keys));
       }
+      if (!node->contains(part) && !last) (*node)[part] = json::object();  // an optional object, added
       node = &(*node)[part];
     } else if (node->is_array()) {
       char* end = nullptr;
@@ -520,7 +549,9 @@ Platform load_platform(const std::string& name_or_path, const std::vector<Overri
     return parse(doc, origin);
   } catch (const ConfigError& e) {
     std::string what = e.what();
-    if (has_base || what.find("is missing") == std::string::npos) throw;
+    // A preset is whole, so a field missing there was left out of an
+    // optional object an override added (collectives.nccl_tuner).
+    if (has_base || !looks_like_path(name_or_path) || what.find("is missing") == std::string::npos) throw;
     // A partial file most likely meant to change a preset.
     throw ConfigError(what + "; a platform file without \"base\" must give every field: to change only some, "
                       "start it with {\"base\": \"zion\", ...} (or another preset)");
