@@ -225,6 +225,28 @@ def test_a_new_generator_is_independent_of_the_default():
     assert torch.equal(a.cpu(), b.cpu())
 
 
+def test_a_generator_copies_pickles_and_saves_with_its_state_and_has_no_offset(tmp_path):
+    # deepcopy, pickle and torch.save raised SystemError ("CPU Generator does not use offset"): torch pickles a
+    # non-CPU generator with its offset. A zion generator's offset is 0; its state is the CPU generator's.
+    import copy
+    import pickle
+
+    g = torch.Generator(device="zion").manual_seed(3)
+    torch.randn(5, device="zion", generator=g)  # moved on from the seed
+    assert g.get_offset() == 0
+    torch.save(g, tmp_path / "g.pt")
+    cpu = torch.Generator().manual_seed(3)
+    torch.randn(5, generator=cpu)
+    next_draw = torch.randn(4, generator=cpu)  # where g stands: 5 numbers past the seed
+    for twin in (copy.deepcopy(g), pickle.loads(pickle.dumps(g)), torch.load(tmp_path / "g.pt", weights_only=False)):
+        assert twin.device == torch.device("zion", 0) and twin.initial_seed() == 3
+        assert torch.equal(torch.randn(4, device="zion", generator=twin).cpu(), next_draw)
+    g.set_offset(0)
+    with pytest.raises(NotImplementedError, match=r"zion generator set_offset\(4\): .* no Philox offset .* "
+                                                  r"get_state\(\) / set_state\(\)"):
+        g.set_offset(4)
+
+
 @pytest.mark.parametrize("draw", [
     lambda g: torch.randn(3, device="zion", generator=g),
     lambda g: torch.empty(3, device="zion").normal_(generator=g),

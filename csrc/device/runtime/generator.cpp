@@ -13,8 +13,17 @@ Generator::Generator(c10::DeviceIndex device, uint64_t seed)
       cpu_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
 void Generator::set_current_seed(uint64_t seed) { cpu_.set_current_seed(seed); }
-void Generator::set_offset(uint64_t offset) { cpu_.set_offset(offset); }
-uint64_t Generator::get_offset() const { return cpu_.get_offset(); }
+// A zion generator's state is a CPU (Mersenne Twister) generator's, which has
+// no Philox offset: its offset reads 0, as a CUDA generator's does after a
+// seed, so torch's pickling of generators (get_offset, then set_offset on
+// load) works; only an offset other than 0 is refused.
+void Generator::set_offset(uint64_t offset) {
+  TORCH_CHECK_NOT_IMPLEMENTED(offset == 0, "zion generator set_offset(", offset, "): a zion generator's state is a CPU "
+                              "(Mersenne Twister) generator's, so that random ops draw the CPU's numbers; it has no "
+                              "Philox offset as a CUDA generator has (its offset is always 0). Save and restore it with "
+                              "get_state() / set_state(), or reseed it with manual_seed()");
+}
+uint64_t Generator::get_offset() const { return 0; }
 uint64_t Generator::current_seed() const { return cpu_.current_seed(); }
 uint64_t Generator::seed() { return cpu_.seed(); }
 void Generator::set_state(const c10::TensorImpl& new_state) { cpu_.unsafeGetGeneratorImpl()->set_state(new_state); }
