@@ -394,6 +394,31 @@ def test_autocast_and_grad_scaler_for_cuda(compat):
     """)
 
 
+
+def test_the_autocast_state_reads_and_sets_zions_where_cuda_or_no_device_is_named(compat):
+    # Inside torch.autocast("cuda") (a zion region), torch.is_autocast_enabled() read False and
+    # torch.get_autocast_gpu_dtype() float16: code branching on them took the path without autocast.
+    compat.check("""
+        import torch
+        assert not torch.is_autocast_enabled() and not torch.is_autocast_enabled("cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert torch.is_autocast_enabled() and torch.is_autocast_enabled("cuda")
+            assert torch.is_autocast_enabled(device_type="cuda") and torch.is_autocast_enabled("zion")
+            assert torch.get_autocast_gpu_dtype() == torch.get_autocast_dtype("cuda") == torch.bfloat16
+            assert not torch.is_autocast_enabled("cpu")
+        assert not torch.is_autocast_enabled()
+        torch.set_autocast_gpu_dtype(torch.float16)
+        assert torch.get_autocast_dtype("zion") == torch.float16
+        torch.set_autocast_dtype("cuda", torch.bfloat16)
+        torch.set_autocast_enabled(True)  # the older form, without a device: CUDA's, here zion's
+        try:
+            a = torch.randn(8, 8, device="cuda")
+            assert torch.is_autocast_enabled("zion") and (a @ a).dtype == torch.bfloat16
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+        assert not torch.is_autocast_enabled("zion")
+    """)
+
 # torch.distributed.
 def test_backend_names_map_nccl_to_zion():
     assert translate_backend("nccl") == "zion"

@@ -617,12 +617,49 @@ def _patch_amp() -> None:
     for owner in (torch.amp, grad_scaler):
         _patch(owner, "GradScaler", GradScaler, f"{owner.__name__}.GradScaler")
     _patch(torch.cuda.amp, "GradScaler", CudaGradScaler, "torch.cuda.amp.GradScaler")
+    _patch_autocast_state()
     for name in ("custom_fwd", "custom_bwd"):
         fn = getattr(autocast_mode, name)
         _patch(torch.cuda.amp, name, functools.partial(fn, device_type=ZION), f"torch.cuda.amp.{name}")
         _patch(autocast_mode, name, _device_kwarg(fn, f"torch.amp.{name}(device_type=cuda)", "device_type"),
                f"torch.amp.{name}")
         setattr(torch.amp, name, getattr(autocast_mode, name))
+
+
+def _patch_autocast_state() -> None:
+    """The autocast state's queries and setters answer for zion where a script
+    names "cuda", or names no device (torch's older forms, which mean CUDA's):
+    inside ``torch.autocast("cuda")`` (a zion region here) a script reading
+    ``torch.is_autocast_enabled()`` must see it on, as on CUDA."""
+
+    def device_first(fn: Callable[..., Any], name: str, arity: int) -> Callable[..., Any]:
+        # arity: how many arguments the form without a device type takes.
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = kwargs.pop("device_type", args[0] if len(args) > arity else None)
+            rest = args[1:] if len(args) > arity else args
+            if given is None or given == "cuda":
+                _report.record(f"torch.{name}({'cuda' if given else ''})")
+                given = ZION
+            return fn(given, *rest, **kwargs)
+
+        return wrapper
+
+    def gpu_form(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def wrapper(*args: Any) -> Any:
+            _report.record(f"torch.{name}")
+            return fn(ZION, *args)
+
+        wrapper.__name__ = wrapper.__qualname__ = name
+        return wrapper
+
+    for name, arity in (("is_autocast_enabled", 0), ("set_autocast_enabled", 1), ("get_autocast_dtype", 0),
+                        ("set_autocast_dtype", 1)):
+        _patch(torch, name, device_first(getattr(torch, name), name, arity), f"torch.{name}")
+    _patch(torch, "get_autocast_gpu_dtype", gpu_form(torch.get_autocast_dtype, "get_autocast_gpu_dtype"),
+           "torch.get_autocast_gpu_dtype")
+    _patch(torch, "set_autocast_gpu_dtype", gpu_form(torch.set_autocast_dtype, "set_autocast_gpu_dtype"),
+           "torch.set_autocast_gpu_dtype")
 
 
 # torch.distributed: "nccl" is the zion backend.
