@@ -337,6 +337,22 @@ def test_the_platform_is_chosen_through_zion_emu_and_torch_zion_has_no_say():
     assert zion_emu.current_platform is zion_emu.platform.current_platform
 
 
+def test_device_count_does_not_initialize_and_a_negative_device_is_not_set():
+    # As torch.cuda: device_count() leaves the device uninitialized (a script checks is_initialized before it
+    # forks), and set_device with a negative index does nothing. device_count() started the runtime, and
+    # set_device(-1) raised IndexError.
+    out = run_python("""
+import torch, zion_emu
+print(torch.zion.device_count(), torch.zion.is_initialized())
+torch.zion.set_device(-1)
+print(torch.zion.is_initialized(), torch.zion.current_device())
+torch.zion.set_device(2)
+torch.zion.set_device(-1)
+print(torch.zion.is_initialized(), torch.zion.current_device(), torch.zion.device_count())
+""", env=child_env(ZION_PLATFORM="hgx-a100")).stdout.split()
+    assert out == ["8", "False", "False", "0", "True", "2", "8"]
+
+
 def test_zion_platform_environment_variable_chooses_the_preset():
     out = run_python("import torch; print(torch.zion.get_device_properties().total_memory)",
                      env=child_env(ZION_PLATFORM="hgx-a100")).stdout

@@ -30,8 +30,9 @@ def _lazy_init() -> None:
 
 
 def device_count() -> int:
-    """OAMs per node of the active platform."""
-    return _native.device_count()
+    """OAMs per node of the active platform. Like ``torch.cuda.device_count``,
+    it does not initialize the device (``is_initialized`` stays False)."""
+    return _native.device_count_unstarted()
 
 
 def current_device() -> int:
@@ -55,6 +56,10 @@ def _index(device: Any = None) -> int:
 
 
 def set_device(device: Any) -> None:
+    """Sets the current device; a negative index does nothing, as in
+    ``torch.cuda.set_device``."""
+    if isinstance(device, int) and device < 0:
+        return
     _native.set_device(_index(device))
 
 

@@ -133,6 +133,8 @@ void bind_device(py::module_& m) {
   d.def("drain_autograd_threads", &device::drain_autograd_threads, py::call_guard<py::gil_scoped_release>(),
         "Waits until autograd's zion worker threads hold no finished backward pass (run at interpreter exit)");
   d.def("device_count", [] { return static_cast<int>(device::device_count()); });
+  d.def("device_count_unstarted", [] { return static_cast<int>(device::device_count_unstarted()); },
+        "The OAMs per node, without starting the runtime (the platform ZION_PLATFORM names until it starts)");
   d.def("current_device", [] { return static_cast<int>(device::current_device()); });
   d.def("set_device", [](int index) { device::set_current_device(static_cast<c10::DeviceIndex>(index)); }, py::arg("index"));
   d.def("memory_stats", [](int index) {
