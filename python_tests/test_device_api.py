@@ -353,6 +353,24 @@ print(torch.zion.is_initialized(), torch.zion.current_device(), torch.zion.devic
     assert out == ["8", "False", "False", "0", "True", "2", "8"]
 
 
+def test_a_zion_tensor_sent_through_torch_multiprocessing_is_refused_by_name():
+    # torch's reducer took it for a CPU tensor: "_share_fd_: only available on CPU".
+    import warnings
+    from multiprocessing.reduction import ForkingPickler
+
+    t = torch.arange(4.0, device="zion:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage's deprecation
+        typed = t.storage()
+    for obj, what in ((t, "tensor"), (torch.nn.Parameter(t), "tensor"), (t.untyped_storage(), "storage"),
+                      (typed, "storage")):
+        with pytest.raises(RuntimeError, match=f"a zion {what} cannot be sent to another process through "
+                                               r"torch.multiprocessing: .* Send .*\.cpu\(\)"):
+            ForkingPickler.dumps(obj)
+    cpu = torch.ones(3)
+    assert torch.equal(ForkingPickler.loads(ForkingPickler.dumps(cpu)), cpu)  # CPU tensors still go
+
+
 def test_zion_platform_environment_variable_chooses_the_preset():
     out = run_python("import torch; print(torch.zion.get_device_properties().total_memory)",
                      env=child_env(ZION_PLATFORM="hgx-a100")).stdout

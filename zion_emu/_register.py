@@ -52,6 +52,10 @@ def register() -> None:
     # goes away, or the process aborts at exit.
     atexit.register(_C.device.drain_autograd_threads)
 
+    from zion_emu import _process_sharing
+
+    _process_sharing.install()  # a zion tensor sent through torch.multiprocessing is refused by name
+
     from zion_emu import _backward
 
     _backward.install()  # a zion backward pass runs on the calling thread, as a CPU one does
