@@ -107,6 +107,36 @@ def test_current_stream_and_stream_context():
     assert torch.zion.current_device() == 0 and torch.zion.current_stream(6).stream_id == 0
 
 
+def test_torch_cudas_other_stream_and_memory_names_are_on_torch_zion_too():
+    # They existed only under --cuda-compat, as torch.cuda's.
+    s = torch.zion.Stream(5)
+    with torch.zion.StreamContext(s):
+        assert torch.zion.current_device() == 5 and torch.zion.current_stream() == s
+        assert torch.zion.default_stream().stream_id == 0 and torch.zion.default_stream().device_index == 5
+    assert torch.zion.current_device() == 0 and torch.zion.current_stream(5).stream_id == 0
+    with torch.zion.StreamContext(None):
+        assert torch.zion.current_stream().stream_id == 0
+    torch.zion.set_stream(s)  # as torch.cuda.set_stream, its device becomes current too
+    try:
+        assert torch.zion.current_stream(5) == s and torch.zion.current_device() == 5
+    finally:
+        torch.zion.set_stream(torch.zion.default_stream(5))
+        torch.zion.set_device(0)
+    assert torch.zion.current_stream(5).stream_id == 0
+    assert torch.zion.is_current_stream_capturing() is False
+    x = torch.ones(3, device="zion:2")
+    with torch.zion.device_of(x):
+        assert torch.zion.current_device() == 2
+    with torch.zion.device_of(torch.ones(3)):
+        assert torch.zion.current_device() == 0
+    nested = torch.zion.memory_stats_as_nested_dict(2)
+    assert nested["allocated_bytes"]["all"]["current"] == torch.zion.memory_stats(2)["allocated_bytes.all.current"]
+    torch.zion.reset_max_memory_allocated(2)
+    assert torch.zion.max_memory_allocated(2) == torch.zion.memory_allocated(2)
+    assert torch.zion.is_bf16_supported() == ("bf16" in torch.zion.get_device_properties().peak_flops)
+    assert isinstance(torch.zion.memory_snapshot(), list)
+
+
 def test_streams_and_events_are_classes_for_isinstance_and_device_minus_one_does_nothing():
     s, e = torch.zion.Stream(), torch.zion.Event(enable_timing=True)
     assert isinstance(s, torch.zion.Stream) and isinstance(s, torch.Stream) and isinstance(e, torch.zion.Event)

@@ -399,10 +399,6 @@ def _cuda_module_functions() -> dict[str, Any]:
             index = _index(device)
             super().__init__(-1 if index is None else index)
 
-    class device_of(device):  # noqa: N801
-        def __init__(self, obj: torch.Tensor) -> None:
-            super().__init__(obj.get_device() if obj.device.type == ZION else -1)
-
     def with_index(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(device: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -420,44 +416,18 @@ def _cuda_module_functions() -> dict[str, Any]:
     Event = _Factory("Event", (), {"__wrapped__": torch.Event, "_make": staticmethod(z.Event),
                                    "__module__": "torch.cuda"})
 
-    def default_stream(device: Any = None) -> torch.Stream:
-        current = z.current_stream(_index(device))  # stream 0 of the same device is its default stream
-        return torch.Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
-
-    def set_stream(stream: torch.Stream) -> None:
-        torch.accelerator.set_stream(stream)
-
     def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
         z.set_rng_state(new_state, _index(device))
-
-    def empty_cache() -> None:
-        """Nothing to free: the zion allocator caches no blocks (reserved equals allocated)."""
-
-    def is_bf16_supported(including_emulation: bool = True) -> bool:
-        return "bf16" in z.get_device_properties().peak_flops
-
-    def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
-        """memory_stats with its dotted keys as nested dicts, as torch.cuda's."""
-        nested: dict[str, Any] = {}
-        for key, value in z.memory_stats(device).items():
-            *path, last = key.split(".")
-            node = nested
-            for part in path:
-                node = node.setdefault(part, {})
-            node[last] = value
-        return nested
-
-    def is_current_stream_capturing() -> bool:
-        return False  # zion has no stream capture, so nothing is ever capturing
 
     names: dict[str, Any] = {
         "is_available": is_available, "is_initialized": z.is_initialized, "init": z._lazy_init,
         "_lazy_init": z._lazy_init, "_is_in_bad_fork": z._is_in_bad_fork, "device_count": z.device_count,
-        "current_device": z.current_device, "set_device": set_device, "device": device, "device_of": device_of,
+        "current_device": z.current_device, "set_device": set_device, "device": device, "device_of": z.device_of,
         "get_device_name": with_index(z.get_device_name), "get_device_properties": with_index(z.get_device_properties),
         "synchronize": with_index(z.synchronize), "Stream": Stream, "Event": Event,
-        "current_stream": with_index(z.current_stream), "default_stream": default_stream, "stream": z.stream,
-        "set_stream": set_stream, "manual_seed": z.manual_seed, "manual_seed_all": z.manual_seed_all,
+        "current_stream": with_index(z.current_stream), "default_stream": with_index(z.default_stream),
+        "stream": z.stream, "StreamContext": z.StreamContext,
+        "set_stream": z.set_stream, "manual_seed": z.manual_seed, "manual_seed_all": z.manual_seed_all,
         "seed": z.seed, "seed_all": z.seed_all, "initial_seed": z.initial_seed,
         "get_rng_state": with_index(z.get_rng_state), "set_rng_state": set_rng_state,
         "get_rng_state_all": z.get_rng_state_all, "set_rng_state_all": z.set_rng_state_all,
@@ -466,14 +436,13 @@ def _cuda_module_functions() -> dict[str, Any]:
         "memory_cached": with_index(z.memory_reserved), "max_memory_cached": with_index(z.max_memory_reserved),
         "memory_stats": with_index(z.memory_stats), "memory_summary": with_index(z.memory_summary),
         "mem_get_info": with_index(z.mem_get_info), "reset_peak_memory_stats": with_index(z.reset_peak_memory_stats),
-        "reset_max_memory_allocated": with_index(z.reset_peak_memory_stats),
-        "reset_max_memory_cached": with_index(z.reset_peak_memory_stats), "empty_cache": empty_cache,
-        "is_bf16_supported": is_bf16_supported, "is_current_stream_capturing": is_current_stream_capturing,
+        "reset_max_memory_allocated": with_index(z.reset_max_memory_allocated),
+        "reset_max_memory_cached": with_index(z.reset_max_memory_cached), "empty_cache": z.empty_cache,
+        "is_bf16_supported": z.is_bf16_supported, "is_current_stream_capturing": z.is_current_stream_capturing,
         # torch.cuda.memory's history and snapshots: zion's (zion_emu.memory).
         "_record_memory_history": zion_memory._record_memory_history, "_snapshot": zion_memory._snapshot,
         "_dump_snapshot": zion_memory._dump_snapshot,
-        "memory_snapshot": lambda *_args, **_kwargs: zion_memory._snapshot()["segments"],
-        "memory_stats_as_nested_dict": with_index(memory_stats_as_nested_dict),
+        "memory_snapshot": z.memory_snapshot, "memory_stats_as_nested_dict": with_index(z.memory_stats_as_nested_dict),
         "reset_accumulated_memory_stats": with_index(z.reset_accumulated_memory_stats),
         "host_memory_stats": z.host_memory_stats, "reset_peak_host_memory_stats": z.reset_peak_host_memory_stats,
         # The DDR pools keep no counts of what was allocated and freed over time: nothing to reset.

@@ -203,6 +203,49 @@ def stream(s: torch.Stream | None) -> Iterator[None]:
         yield
 
 
+class StreamContext:
+    """``torch.cuda.StreamContext``: makes ``stream`` current inside the block
+    (and its device), then restores both; None does nothing."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+        self._context: contextlib.AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> None:
+        self._context = stream(self.stream)
+        self._context.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._context is not None
+        self._context.__exit__(*exc)
+        self._context = None
+
+
+def default_stream(device: Any = None) -> torch.Stream:
+    """The device's default stream (stream 0), which ops use unless a stream
+    context or ``set_stream`` chose another."""
+    current = current_stream(device)
+    return torch.Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
+
+
+def set_stream(s: torch.Stream) -> None:
+    """Makes ``s`` the current stream of its device (``torch.cuda.set_stream``)."""
+    torch.accelerator.set_stream(s)
+
+
+def is_current_stream_capturing() -> bool:
+    """Always False: zion has no stream capture (CUDA graphs)."""
+    return False
+
+
+class device_of(device):  # noqa: N801  (torch.cuda.device_of)
+    """Makes the device of ``obj`` current inside the block; a tensor not on
+    zion does nothing."""
+
+    def __init__(self, obj: torch.Tensor) -> None:
+        super().__init__(obj.get_device() if obj.device.type == "zion" else -1)
+
+
 # Random numbers: each device's default generator holds a CPU generator's
 # state, so a seed draws the same numbers on zion as on the CPU.
 def _default_generators() -> tuple[torch.Generator, ...]:
@@ -410,6 +453,40 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         lines.append(f" {name:<21} | {' | '.join(_summary_count(v, v) for v in values)} ")
     lines.append("=" * width)
     return "|" + "|\n|".join(lines) + "|\n"
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    """As ``torch.cuda.reset_max_memory_allocated``: ``reset_peak_memory_stats``."""
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    """As ``torch.cuda.reset_max_memory_cached``: ``reset_peak_memory_stats``."""
+    reset_peak_memory_stats(device)
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """``memory_stats`` with its dotted keys as nested dicts, as torch.cuda's."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def memory_snapshot(*_args: Any, **_kwargs: Any) -> list[dict[str, Any]]:
+    """The segments of ``torch.zion.memory._snapshot()``, as ``torch.cuda.memory_snapshot``."""
+    from zion_emu import memory
+
+    return memory._snapshot()["segments"]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether the platform's OAM has a bf16 peak (its roofline prices bf16)."""
+    return "bf16" in get_device_properties().peak_flops
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
