@@ -86,6 +86,24 @@ def test_out_of_memory_names_device_request_and_capacity_and_loses_nothing():
     assert ok.numel() == 1000
 
 
+def test_a_resize_or_set_that_runs_out_of_memory_leaves_the_tensor_as_it_was():
+    # resize_ set the new sizes before growing the storage (as the CPU's and CUDA's do): after the
+    # OutOfMemoryError the tensor claimed 1.2 GB of elements on its 40-byte storage.
+    capacity = torch.zion.mem_get_info(1)[1]
+    a = torch.arange(10.0, device="zion:1")[2:]
+    for grow in (lambda: a.resize_(capacity // 2), lambda: a.resize_(capacity // 4, 3),
+                 lambda: a.set_(a.untyped_storage(), 1, (capacity // 4,), (1,))):
+        with pytest.raises(torch.OutOfMemoryError):
+            grow()
+        assert a.shape == (8,) and a.stride() == (1,) and a.storage_offset() == 2
+        assert a.cpu().tolist() == list(map(float, range(2, 10)))
+    other = torch.ones(4, device="zion:1")
+    with pytest.raises(torch.OutOfMemoryError):
+        a.set_(other.untyped_storage(), 0, (capacity // 4,), (1,))
+    assert a.untyped_storage().data_ptr() != other.untyped_storage().data_ptr() and a.storage_offset() == 2
+    assert a.cpu().tolist() == list(map(float, range(2, 10)))
+
+
 def test_a_0_dim_cpu_tensor_is_a_scalar_on_either_side_and_in_place():
     # As with CUDA; a CPU tensor with dimensions is refused (test_bad_input.py).
     z = torch.ones(3, device="zion")

@@ -97,9 +97,14 @@ void ensure_storage(const at::Tensor& self, int64_t bytes_needed) {
 // offset, the storage grown to hold them: what the CPU's resize_impl_cpu_
 // does, which leaves a tensor whose sizes and strides are already these as
 // it is (a non-contiguous tensor resized to its own shape keeps its strides).
+// If the storage cannot grow (out of HBM), the tensor keeps its sizes and
+// strides: the CPU's and CUDA's resize_ leave the new sizes on the old
+// storage, a tensor whose reads would run past its bytes.
 void resize_impl(const at::Tensor& self, c10::IntArrayRef size, at::OptionalIntArrayRef stride) {
   auto* impl = self.unsafeGetTensorImpl();
   if (impl->sizes() == size && (!stride || impl->strides() == *stride)) return;
+  const std::vector<int64_t> old_sizes = impl->sizes().vec();
+  const std::vector<int64_t> old_strides = impl->strides().vec();
   const auto itemsize = static_cast<size_t>(self.element_size());
   const size_t offset = static_cast<size_t>(impl->storage_offset());
   size_t nbytes = 0;
@@ -110,7 +115,13 @@ void resize_impl(const at::Tensor& self, c10::IntArrayRef size, at::OptionalIntA
     impl->set_sizes_contiguous(size);
     nbytes = at::detail::computeStorageNbytesContiguous(size, itemsize, offset);
   }
-  if (impl->numel() > 0) ensure_storage(self, static_cast<int64_t>(nbytes));
+  if (impl->numel() == 0) return;
+  try {
+    ensure_storage(self, static_cast<int64_t>(nbytes));
+  } catch (...) {
+    impl->set_sizes_and_strides(old_sizes, old_strides);
+    throw;
+  }
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<c10::MemoryFormat> format) {
@@ -131,9 +142,18 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c
   TORCH_CHECK(source.device().is_privateuseone(), "zion: set_ expects zion storage, got storage on ", source.device());
   TORCH_CHECK(self.is_privateuseone(), "zion: set_ cannot give a ", self.device(), " tensor the storage of ",
               source.device(), " (the devices must match)");
+  auto* impl = self.unsafeGetTensorImpl();
+  const c10::Storage old_storage = impl->storage();
+  const int64_t old_offset = impl->storage_offset();
   at::native::checkSetStorage(self, std::move(source), offset, size, stride);
-  self.unsafeGetTensorImpl()->set_storage_offset(offset);
-  resize_impl(self, size, stride.data() != nullptr ? at::OptionalIntArrayRef(stride) : std::nullopt);
+  impl->set_storage_offset(offset);
+  try {
+    resize_impl(self, size, stride.data() != nullptr ? at::OptionalIntArrayRef(stride) : std::nullopt);
+  } catch (...) {  // out of HBM growing the storage: the tensor stays as it was
+    impl->set_storage_keep_dtype(old_storage);
+    impl->set_storage_offset(old_offset);
+    throw;
+  }
   return self;
 }
 
