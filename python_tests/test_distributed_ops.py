@@ -313,6 +313,20 @@ def _p2p_work_worker(rank: int, nprocs: int, store: str, tcp_port: int = 0) -> N
         del w
         assert time.monotonic() - started < 2
 
+    # Sends and receives whose Work is dropped unwaited still move their bytes, as NCCL's do: a
+    # fire-and-forget isend hung its receiver (as gloo's does), its tensor gone with the Work.
+    if rank == 0:
+        dist.isend(torch.full((2,), 3.0, device="zion"), 1, tag=4)
+        dist.isend(torch.full((2,), 4.0, device="zion"), 1, tag=4)
+        dist.send(torch.full((2,), 5.0, device="zion"), 1, tag=4)
+    else:
+        first, second, third = (torch.empty(2, device="zion") for _ in range(3))
+        dist.irecv(first, 0, tag=4)
+        dist.recv(second, 0, tag=4)
+        dist.recv(third, 0, tag=4)
+        assert (first.tolist(), second.tolist(), third.tolist()) == ([3.0, 3.0], [4.0, 4.0], [5.0, 5.0])
+    dist.barrier(group=gloo)
+
     # The stacked forms NCCL takes: an all_gather output of (ranks, n) and a
     # reduce_scatter input of (ranks, n); and an all_reduce of a channels_last
     # tensor. Results equal gloo's on the CPU.

@@ -185,7 +185,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   };
   // Ready once the receiver has posted its side: gloo's send then completes.
   auto ready = [self, dst, tag, seq, rank] { return self->store_->check({key(rank, dst, tag, seq, "recv")}); };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, end.device, end.comm, finish, ready, tensors));
+  return keep_in_flight(
+      collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::SEND, end.device, end.comm, finish, ready, tensors)));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
@@ -261,7 +262,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   };
   // Ready once the sender's side is read and the receive posted to gloo.
   auto ready = [posted] { return posted.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
-  return collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, ready, tensors));
+  return keep_in_flight(
+      collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, ready, tensors)));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupZion::keep_in_flight(c10::intrusive_ptr<ZionWork> work) {
+  std::vector<c10::intrusive_ptr<ZionWork>> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.swap(in_flight_p2p_);
+  }
+  // isCompleted never blocks: it finishes a transfer whose peer has done its side.
+  std::vector<c10::intrusive_ptr<ZionWork>> open;
+  for (auto& w : held) {
+    if (!w->isCompleted()) open.push_back(std::move(w));
+  }
+  open.push_back(work);
+  std::lock_guard<std::mutex> lock(mutex_);
+  in_flight_p2p_.insert(in_flight_p2p_.end(), std::make_move_iterator(open.begin()), std::make_move_iterator(open.end()));
+  return work;
 }
 
 }  // namespace zion::dist

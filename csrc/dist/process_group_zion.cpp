@@ -97,6 +97,11 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
 
 void ProcessGroupZion::shutdown() {
   if (shm_) shm_->leave();
+  std::vector<c10::intrusive_ptr<ZionWork>> held;  // their transfers hold the group: let them go
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.swap(in_flight_p2p_);
+  }
 }
 
 int ProcessGroupZion::comm_stream(c10::DeviceIndex device) {

@@ -220,6 +220,11 @@ class ProcessGroupZion : public c10d::Backend {
   static std::vector<std::vector<double>> uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes);
   // Returns `work`, also collected into the batch while coalescing.
   c10::intrusive_ptr<ZionWork> collect(c10::intrusive_ptr<ZionWork> work);
+  // point_to_point.cpp: returns `work` (a send or recv), held by the group
+  // until it completes, so that one whose Work the script drops unwaited
+  // still moves its bytes, as NCCL's do; those done are let go at the next
+  // send or recv, the rest at shutdown.
+  c10::intrusive_ptr<c10d::Work> keep_in_flight(c10::intrusive_ptr<ZionWork> work);
   int comm_stream(c10::DeviceIndex device);
   sim::Seconds local_start(c10::DeviceIndex device, int comm);
   sim::CollectiveResult price(const sim::CollectiveRequest& request) const;
@@ -243,6 +248,7 @@ class ProcessGroupZion : public c10d::Backend {
   // Per (source, tag): ready once the last receive from it is posted to gloo
   // (point_to_point.cpp), so later ones are posted after it.
   std::map<std::pair<int, int>, std::shared_future<void>> pending_recv_;
+  std::vector<c10::intrusive_ptr<ZionWork>> in_flight_p2p_;  // keep_in_flight's
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<ZionWork>> batch_;  // works since startCoalescing
   CommRecord last_;
