@@ -260,7 +260,16 @@ CollectiveResult CollectiveModel::compute(const CollectiveRequest& request) cons
   const Algorithm asked = request.algorithm == Algorithm::kAuto ? settings_.default_algorithm : request.algorithm;
   std::shared_ptr<const NcclTuning> nccl = n > 1 && asked == Algorithm::kAuto ? nccl_tuning_for(request) : nullptr;
   if (n == 1) {
-    result.time = request.link_model == LinkModel::kAstra ? 0 : settings_.base_latency;
+    // One rank moves nothing between devices. NCCL launches no kernel for an
+    // in-place call (c10d's all_reduce, broadcast and reduce are in place)
+    // and copies the input to the output of an out-of-place one (c10d's
+    // all_gather, reduce_scatter and all_to_all), at the rate of a copy on
+    // one device: its bytes read and written in HBM.
+    const bool copies = request.op == CollectiveOp::kAllGather || request.op == CollectiveOp::kReduceScatter ||
+                        request.op == CollectiveOp::kAllToAll;
+    const Seconds copy = copies && settings_.local_memory_bandwidth > 0
+                             ? 2 * request.bytes / settings_.local_memory_bandwidth : 0;
+    result.time = request.link_model == LinkModel::kAstra ? 0 : settings_.base_latency + copy;
     result.closed_form = true;
   } else if (nccl) {
     // NCCL's tuner: the (algorithm, protocol) of least modeled time, timed
