@@ -274,6 +274,41 @@ def test_a_graph_inductor_cannot_take_for_zion_runs_with_aot_eager_after_one_war
     assert positions.device.type == "cpu" and torch.equal(positions, torch.arange(4))
 
 
+def test_autocast_around_or_inside_a_compiled_zion_graph_casts_as_eager_zion_does():
+    # Lowered as CPU, an autocast around the call cast nothing (float32 out, values off by 0.03 from eager's
+    # bfloat16), and one inside took the CPU's op lists (exp in float16, where zion's, CUDA's, runs it in
+    # float32). Such graphs now run with aot_eager, which casts through zion's autocast, with a warning.
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8, device="zion", requires_grad=True), torch.randn(8, 8, device="zion")
+
+    def around(a, b):
+        y = a @ b
+        return y, y.exp().sum(0)
+
+    def inside(a, b):
+        with torch.autocast("zion", dtype=torch.float16):
+            return around(a, b)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast("zion", dtype=torch.bfloat16):
+            compiled, eager = torch.compile(around)(x, w), around(x, w)
+        compiled_inside, eager_inside = torch.compile(inside)(x, w), inside(x, w)
+    reasons = [str(m.message) for m in caught if str(m.message).startswith("zion:")]
+    assert len(reasons) == 2 and "autocast is on around the call" in reasons[0]
+    assert "opens a zion autocast region" in reasons[1]
+    for got, want in ((compiled, eager), (compiled_inside, eager_inside)):
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        assert all(torch.equal(g.detach().cpu(), e.detach().cpu()) for g, e in zip(got, want))
+    assert [t.dtype for t in eager] == [torch.bfloat16, torch.float32]  # zion's lists: exp and sum in float32
+    assert [t.dtype for t in eager_inside] == [torch.float16, torch.float32]
+    compiled_inside[1].sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    eager_inside[1].sum().backward()
+    assert torch.equal(grad.cpu(), x.grad.cpu())
+
+
 def test_cpp_wrapper_runs_with_aot_eager_after_one_warning():
     x = torch.randn(16, device="zion", requires_grad=True)
     with warnings.catch_warnings(record=True) as caught:

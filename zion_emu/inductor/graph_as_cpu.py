@@ -56,6 +56,7 @@ class CpuView:
 
     def apply(self, example_inputs: Sequence[Any]) -> list[Any]:
         """Rewrites the graph; returns CPU stand-ins for the example inputs."""
+        self._check_autocast()
         self._check_outputs()
         for node in self.gm.graph.nodes:
             if node.op == "get_attr":
@@ -80,6 +81,20 @@ class CpuView:
                 setattr(obj, key, old)
         self.undo.clear()
         self.gm.recompile()
+
+    def _check_autocast(self) -> None:
+        # zion's autocast follows CUDA's op lists (exp and sum run in float32
+        # under float16). Traced as CPU, the graph would take the CPU's lists
+        # from a region inside it, and no casts at all from one around the
+        # call (CPU autocast is off there): results of other dtypes and values.
+        if torch.is_autocast_enabled("zion"):
+            raise Refusal("zion's autocast is on around the call: lowered as CPU it would follow the CPU's autocast "
+                          "op lists, not zion's (CUDA's)")
+        enter = torch.amp.autocast_mode._enter_autocast
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function" and node.target is enter and node.args and _is_zion(node.args[0]):
+                raise Refusal("the graph opens a zion autocast region: lowered as CPU it would follow the CPU's "
+                              "autocast op lists, not zion's (CUDA's)")
 
     def _check_outputs(self) -> None:
         # Lowered as CPU, every buffer the wrapper allocates is on zion: a CPU
