@@ -514,6 +514,25 @@ def test_sigterm_to_run_writes_the_partial_report_and_leaves_nothing_behind(tmp_
     assert not list(tmp.glob("zion-run-*"))
 
 
+def test_a_script_that_fails_before_running_anything_modeled_prints_no_report_of_zeros(tmp_path):
+    # A script's own argument error was followed by "modeled wall time 0.0 us ... spans were not recorded".
+    early = write(tmp_path, "early.py", """
+        import sys
+        sys.exit(2)
+    """)
+    r = zion_emu_cli("run", str(early), check=False)
+    assert r.returncode == 2, r.stderr
+    assert "zion-emu: the script exited with code 2 before anything ran on the modeled platform" in r.stderr
+    assert "zion-emu report" not in r.stdout
+    late = write(tmp_path, "late.py", """
+        import sys, torch
+        (torch.ones(4, device="zion") * 2).sum().item()
+        sys.exit(2)
+    """)
+    r = zion_emu_cli("run", str(late), check=False)
+    assert r.returncode == 2 and "== zion-emu report: platform zion, 1 rank(s) ==" in r.stdout, r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_when_one_rank_fails_the_others_report_and_the_run_exits_with_its_code(tmp_path):

@@ -404,7 +404,12 @@ def finish(args: argparse.Namespace, snaps: list[RankSnapshot], code: int,
             merged.samples_per_s = (merged.samples_per_iteration / merged.iteration_s
                                     if merged.iteration_s else None)
             merged.world.assumptions.append("samples per iteration: each modeled rank's are its counterpart's")
-    if not args.quiet_report:
+    idle = all(s.wall_s == 0 and not s.labels and not s.iterations for s in snaps)
+    if code and not interrupted and idle:
+        # It failed before it ran anything modeled (its own argument parsing, say): a report of zeros says nothing.
+        print(f"zion-emu: the script exited with code {code} before anything ran on the modeled platform; "
+              "no report to print", file=sys.stderr)
+    elif not args.quiet_report:
         print(format_text(merged), flush=True)
     written = write_outputs([
         (args.report, "report", lambda p: rep.write_json(merged, p)),
