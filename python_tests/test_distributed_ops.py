@@ -195,6 +195,43 @@ def test_coalesced_calls_are_priced_as_one_collective_and_batched_p2p_does_not_d
     _spawn(_coalescing_worker, nprocs, tmp_path)
 
 
+def _shapes_and_dead_peer_worker(rank: int, nprocs: int, store: str) -> None:
+    import time
+
+    _init(rank, nprocs, store, timeout_s=60)
+    # Entries with the right element count but another shape: NCCL checks counts only, and so do the ranks'
+    # agreement; gloo, handed the shapes, refused on one rank and left the others waiting out the timeout.
+    n, ones = nprocs, torch.ones(2, 3, device="zion")
+    gathered = [torch.zeros(6, device="zion") for _ in range(n)] if rank == 0 else None
+    dist.gather(ones * (rank + 1), gathered, dst=0)
+    if rank == 0:
+        assert [g.tolist() for g in gathered] == [[float(r + 1)] * 6 for r in range(n)]
+    out = torch.zeros(2, 3, device="zion")
+    dist.scatter(out, [torch.full((6,), float(r), device="zion") for r in range(n)] if rank == 0 else None, src=0)
+    assert out.tolist() == [[float(rank)] * 3] * 2
+    shaped = [torch.zeros((6,) if r % 2 else (2, 3), device="zion") for r in range(n)]
+    dist.all_gather(shaped, ones * (rank + 1))
+    assert [t.reshape(-1).tolist() for t in shaped] == [[float(r + 1)] * 6 for r in range(n)]
+    part = torch.zeros(6, device="zion")
+    dist.reduce_scatter(part, [torch.ones((2, 3) if r % 2 else (6,), device="zion") * (r + 1) for r in range(n)])
+    assert part.tolist() == [float(n * (rank + 1))] * 6
+    # A peer that exits before its side of a send or recv: named at once as a DistBackendError (the wait took
+    # twice the group's timeout and ended in a RuntimeError about a store key).
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)
+    started = time.monotonic()
+    with pytest.raises(dist.DistBackendError, match="recv from rank 1: rank 1 has exited before issuing its side"):
+        dist.recv(torch.empty(4, device="zion"), 1)
+    assert time.monotonic() - started < 10
+    os._exit(0)  # the group has lost rank 1: no orderly teardown
+
+
+@pytest.mark.multiproc
+def test_list_entries_of_another_shape_and_a_peer_that_exits_behave_as_nccl(tmp_path):
+    _spawn(_shapes_and_dead_peer_worker, 2, tmp_path)
+
+
 def _host_worker(rank: int, nprocs: int, store: str) -> None:
     gloo = _init(rank, nprocs, store)
 

@@ -74,10 +74,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::gather(std::vector<std::vector<
     std::vector<std::vector<at::Tensor>> out;
     std::vector<at::Tensor> per_rank;
     if (root) {
-      per_rank = gloo_views(outputs[0]);
+      per_rank = flat_gloo_views(outputs[0]);
       out.push_back(present_entries(ranks_, per_rank));
     }
-    auto in = gloo_views(inputs);
+    auto in = flat_gloo_views(inputs);
     c10d::GatherOptions gloo_opts = opts;
     gloo_opts.rootRank = ranks_.gloo_rank[opts.rootRank];
     gloo_->gather(out, in, gloo_opts)->wait();
@@ -97,9 +97,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::scatter(std::vector<at::Tensor>
   p.type = c10d::OpType::SCATTER;
   return run(std::move(p), [&](const Agreement&) {
     if (!ranks_.is_present(static_cast<int>(opts.rootRank))) return;  // no present rank has the scatter_list
-    auto out = gloo_views(outputs);
+    auto out = flat_gloo_views(outputs);
     std::vector<std::vector<at::Tensor>> in;
-    if (root) in.push_back(present_entries(ranks_, gloo_views(inputs[0])));
+    if (root) in.push_back(present_entries(ranks_, flat_gloo_views(inputs[0])));
     c10d::ScatterOptions gloo_opts = opts;
     gloo_opts.rootRank = ranks_.gloo_rank[opts.rootRank];
     gloo_->scatter(out, in, gloo_opts)->wait();

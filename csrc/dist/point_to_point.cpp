@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -68,18 +69,35 @@ const char* where(double host) { return host != 0 ? "a CPU tensor" : "a zion ten
 // Waits for `key` by polling: a blocking get would hold a TCPStore client's
 // lock until the peer writes it, and this process's other threads (the
 // caller's next send, a receive posted from a helper thread) could not write
-// their own records meanwhile. Past the store's timeout, get raises its error.
-void wait_for_key(c10d::Store& store, const std::string& key) {
-  const auto deadline = std::chrono::steady_clock::now() + store.getTimeout();
+// their own records meanwhile. A peer whose process has ended (`gone`, asked
+// every 100 ms: empty while it runs) or the store's timeout passing end the
+// wait with DistBackendError, as a collective's wait ends.
+void wait_for_key(c10d::Store& store, const std::string& key, const std::function<std::string()>& gone,
+                  const std::string& what, int peer) {
+  const auto timeout = store.getTimeout();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto next_check = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(50);  // doubling to 1 ms: a late peer costs the store little
-  while (!store.check({key}) && std::chrono::steady_clock::now() < deadline) {
+  while (!store.check({key})) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_check) {
+      const std::string ended = gone ? gone() : std::string();
+      TORCH_CHECK_WITH(DistBackendError, ended.empty(), "zion backend: ", what, ": rank ", peer, " ", ended,
+                       " before issuing its side of it");
+      next_check = now + std::chrono::milliseconds(100);
+    }
+    TORCH_CHECK_WITH(DistBackendError, now < deadline, "zion backend: ", what, ": rank ", peer,
+                     " did not issue its side of it within the group's timeout (",
+                     std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), " ms)");
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
-PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const PeerSide& mine, bool sending, int peer) {
-  wait_for_key(store, theirs_key);
+PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const PeerSide& mine, bool sending, int peer,
+                        const std::function<std::string()>& gone) {
+  wait_for_key(store, theirs_key, gone, sending ? "send to rank " + std::to_string(peer)
+                                                : "recv from rank " + std::to_string(peer), peer);
   PeerSide theirs = decode(store.get(theirs_key));
   store.deleteKey(theirs_key);
   const char* call = sending ? "send" : "recv";
@@ -178,7 +196,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   const int rank = getRank();
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
   auto finish = [self, gloo_work, data, end, mine, dst, tag, seq, rank]() -> sim::Seconds {
-    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, tag, seq, "recv"), mine, true, dst);
+    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, tag, seq, "recv"), mine, true, dst,
+                                     [self, dst] { return self->peer_gone(dst); });
     if (gloo_work) gloo_work->wait();
     if (end.host) return 0;
     return self->charge_transfer("send", end, static_cast<int>(mine.device), static_cast<int>(theirs.device), theirs.start);
@@ -215,7 +234,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   // receive to gloo.
   const int gloo_src = ranks_.gloo_rank[src];
   auto post = [self, theirs_key, mine, data, src, gloo_src, tag]() -> PostedRecv {
-    PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src);
+    PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src,
+                                     [self, src] { return self->peer_gone(src); });
     if (theirs.storage_less != 0) return {{}, theirs};  // nothing is sent
     std::vector<at::Tensor> buffer = data;
     WithoutPythonObjectsInTls gloo_call;
@@ -264,6 +284,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   auto ready = [posted] { return posted.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
   return keep_in_flight(
       collect(c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::RECV, end.device, end.comm, finish, ready, tensors)));
+}
+
+std::string ProcessGroupZion::peer_gone(int rank) const {
+  return shm_ ? shm_->rank_gone(rank) : std::string();  // ranks on several hosts: only the timeout tells
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::keep_in_flight(c10::intrusive_ptr<ZionWork> work) {

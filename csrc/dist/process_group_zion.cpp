@@ -395,8 +395,8 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, st
   }
   p.type = type;
   return run(std::move(p), [&](const Agreement&) {
-    auto single_views = gloo_views(singles);
-    std::vector<at::Tensor> per_rank = gloo_views(lists[0]);
+    auto single_views = flat_gloo_views(singles);
+    std::vector<at::Tensor> per_rank = flat_gloo_views(lists[0]);
     // Absent ranks: gloo sees the present ranks' entries; an all_gather's
     // entries of absent ranks are their counterparts'.
     std::vector<std::vector<at::Tensor>> list_views{ranks_.all() ? per_rank : present_entries(ranks_, per_rank)};

@@ -225,6 +225,9 @@ class ProcessGroupZion : public c10d::Backend {
   // still moves its bytes, as NCCL's do; those done are let go at the next
   // send or recv, the rest at shutdown.
   c10::intrusive_ptr<c10d::Work> keep_in_flight(c10::intrusive_ptr<ZionWork> work);
+  // point_to_point.cpp: empty while group rank `rank`'s process runs (or
+  // when that cannot be told: ranks on several hosts), else how it ended.
+  std::string peer_gone(int rank) const;
   int comm_stream(c10::DeviceIndex device);
   sim::Seconds local_start(c10::DeviceIndex device, int comm);
   sim::CollectiveResult price(const sim::CollectiveRequest& request) const;

@@ -221,6 +221,13 @@ std::string ShmHandshake::gone(int s) const {
   return {};
 }
 
+std::string ShmHandshake::rank_gone(int rank) const {
+  for (size_t s = 0; s < ranks_.size(); ++s) {
+    if (ranks_[s] == rank) return gone(static_cast<int>(s));
+  }
+  return {};
+}
+
 void ShmHandshake::all_gather(const double* mine, double* out) {
   if (static_cast<int>(getpid()) != pid_) {
     throw std::logic_error(

@@ -63,6 +63,10 @@ class ShmHandshake {
   // not come within the timeout; std::logic_error from a forked child.
   void all_gather(const double* mine, double* out);
 
+  // Empty while the process of group rank `rank` runs (or the rank has no
+  // slot), else how it ended ("has exited").
+  std::string rank_gone(int rank) const;
+
   // This rank takes no further part (its group is shut down or destroyed):
   // a rank waiting for a round it has not written is told so.
   void leave();

@@ -38,6 +38,18 @@ inline std::vector<at::Tensor> gloo_views(const std::vector<at::Tensor>& tensors
   return out;
 }
 
+// As gloo_views, each contiguous view flattened to 1-D: the ranks agreed on
+// element counts, which is all NCCL checks for gather, scatter and the list
+// forms of all_gather and reduce_scatter; gloo also compares shapes, and one
+// rank refusing would leave the others waiting for it.
+inline std::vector<at::Tensor> flat_gloo_views(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out = gloo_views(tensors);
+  for (auto& t : out) {
+    if (t.defined() && t.is_contiguous()) t = t.view({-1});
+  }
+  return out;
+}
+
 inline double nbytes(const std::vector<at::Tensor>& tensors) {
   double total = 0;
   for (const auto& t : tensors) {
