@@ -144,7 +144,8 @@ _TRAIN_FOREVER = textwrap.dedent("""
 def test_no_rank_outlives_a_zion_emu_run_killed_with_sigkill(tmp_path: Path) -> None:
     with started([PYTHON, "-m", "zion_emu", "run", "--nproc", "2", "--quiet-report",
                   str(_write(tmp_path, _TRAIN_FOREVER))],
-                 env=child_env(PIDS=str(_pids_dir(tmp_path)), OMP_NUM_THREADS="1"),
+                 # A run killed with SIGKILL cannot remove its run folder: it is left in the test's own folder.
+                 env=child_env(PIDS=str(_pids_dir(tmp_path)), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)),
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         ranks = _rank_pids(tmp_path, proc)
         # zion-emu run -> torchrun's agent (a session of its own) -> the ranks (each in its own).
