@@ -222,3 +222,58 @@ def test_a_fresh_sparse_result_becomes_a_zion_tensor_with_the_cpus_contents_flag
         values_bytes = z._values().untyped_storage().nbytes()
         del bag, grads, z
         assert torch.zion.memory_allocated(2) <= held - values_bytes
+
+
+_SPARSE_OPS_WITH_A_CPU_KERNEL = {
+    # ops whose generic kernel (written for dense tensors) zion took before,
+    # where the CPU runs its own sparse kernel
+    "sum": lambda s: s.sum(),
+    "sum(dtype=float64)": lambda s: s.sum(dtype=torch.float64),
+    "sum over dim 1": lambda s: torch.sparse.sum(s, 1),
+    "pow(2).sum()": lambda s: s.pow(2).sum(),
+    "mv": lambda s: s @ torch.arange(3.0, device=s.device),
+    "permute": lambda s: s.permute(1, 0),
+    "unsqueeze": lambda s: s.unsqueeze(0),
+    "stack": lambda s: torch.stack([s, s]),
+    "isinf": lambda s: torch.isinf(s),
+    "neg": lambda s: s.neg(),
+    "mul by 2": lambda s: s * 2,
+    "div by 2": lambda s: s / 2,
+    "add": lambda s: s + s,
+    "sub": lambda s: s - s * 3,
+    "tanh": lambda s: s.tanh(),
+    "abs_": lambda s: s.clone().abs_(),
+    "any": lambda s: s.any(),
+    "mm with a dense matrix": lambda s: torch.mm(s, torch.ones(3, 2, device=s.device)),
+    "addmm": lambda s: torch.addmm(torch.ones(4, 2, device=s.device), s, torch.ones(3, 2, device=s.device)),
+    "norm": lambda s: s.norm(),
+}
+
+
+@pytest.mark.parametrize("name", list(_SPARSE_OPS_WITH_A_CPU_KERNEL))
+def test_sparse_ops_run_the_cpus_sparse_kernel_and_give_its_result(name):
+    fn = _SPARSE_OPS_WITH_A_CPU_KERNEL[name]
+    i = torch.tensor([[0, 2, 3], [1, 1, 0]])
+    v = torch.tensor([1.0, -2.5, 0.4])
+    cpu = fn(torch.sparse_coo_tensor(i, v, (4, 3)).coalesce())
+    zion = fn(torch.sparse_coo_tensor(i, v, (4, 3)).to("zion").coalesce())
+    assert zion.device.type == "zion"
+    assert (zion.layout, zion.dtype, zion.shape) == (cpu.layout, cpu.dtype, cpu.shape)
+    if cpu.is_sparse:
+        assert zion.is_coalesced() == cpu.is_coalesced()
+        assert torch.equal(zion.cpu().to_dense(), cpu.to_dense())
+    else:
+        assert torch.equal(zion.cpu(), cpu)
+
+
+def test_the_norm_of_sparse_embedding_gradients_is_a_number_as_on_the_cpu():
+    # a hand-written gradient norm over nn.EmbeddingBag(sparse=True) gradients
+    norms = []
+    for device in ("cpu", "zion"):
+        torch.manual_seed(0)
+        bag = torch.nn.EmbeddingBag(10, 4, mode="sum", sparse=True).to(device)
+        bag(torch.tensor([1, 2, 4, 5, 4, 3], device=device), torch.tensor([0, 3], device=device)).sum().backward()
+        norm = sum(p.grad.coalesce().pow(2).sum() for p in bag.parameters()).sqrt()
+        assert norm.dim() == 0 and norm.layout == torch.strided
+        norms.append(norm.cpu())
+    assert torch.equal(norms[0], norms[1])

@@ -30,6 +30,8 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <set>
+#include <string>
 
 #include "device/aten/op_pricing.h"
 #include "device/runtime/runtime.h"
@@ -525,5 +527,49 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) { m.impl("_to_copy", &to_copy_compressed); }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>()); }
+
+namespace {
+
+// As CpuKernelsFirst (fallback.cpp) does for dense tensors: where the CPU
+// has a sparse kernel of its own (SparseCPU) and zion would otherwise take
+// the op's generic kernel (a CompositeExplicitAutograd one, written for
+// dense tensors), zion runs the CPU's sparse kernel through the sparse
+// fallback. The generic kernels are wrong for sparse tensors or fail on
+// them: `sum` of a sparse tensor became `sum.dim_IntList` over no dims (the
+// tensor itself), `permute`, `unsqueeze` and `mv` reached dense-only ops.
+// Ops zion registers itself (above), and the ones whose generic kernel is
+// how every backend copies, allocates or pins, keep their path.
+class SparseCpuKernelsFirst {
+ public:
+  SparseCpuKernelsFirst()
+      : library_(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__) {
+    static const std::set<std::string> kept = {"aten::copy_", "aten::empty_like", "aten::clone", "aten::_pin_memory",
+                                               "aten::is_pinned", "aten::zeros.out"};
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU)) {
+        continue;
+      }
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+        continue;
+      }
+      std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      if (kept.count(full)) continue;
+      library_.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+    }
+  }
+
+ private:
+  torch::Library library_;
+};
+
+const SparseCpuKernelsFirst sparse_cpu_kernels_first;
+
+}  // namespace
 
 }  // namespace zion::device
