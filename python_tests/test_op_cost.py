@@ -348,6 +348,50 @@ def test_a_sparse_gradient_added_into_a_dense_table_touches_only_its_rows(oam: s
     assert oam.cost(sim.OpCall("aten::sub_.Tensor", [table, grad], [table])).memory_time == approx(3.3e-6 + 20.48e-6)
 
 
+def test_adagrads_sparse_mask_and_dense_times_sparse_touch_only_the_sparse_rows(oam: sim.OpCostModel) -> None:
+    # Adagrad's sparse step: std = state_sum.sparse_mask(grad), with state_sum [1M, 64] fp32 and a coalesced
+    # gradient of 1000 rows (values [1000, 64], 1000 indices); the result holds the same 1000 rows.
+    table, grad, rows = T([1_000_000, 64]), _sparse([1000, 64], 1000), _sparse([1000, 64], 1000)
+    # streamed = the mask's indices 8000 + the result (256000 values + 8000 indices) = 272000 bytes at 8e10 -> 3.4 us;
+    # gathered = the 64000 elements read from the table = 256000 bytes at 2.5e10 -> 10.24 us; no FLOPs.
+    mask = oam.cost(sim.OpCall("aten::sparse_mask", [table, grad], [rows]))
+    assert (mask.work.flops, mask.work.bytes, mask.work.gathered_bytes) == (0, 272000, 256000)
+    assert mask.work.op_class == sim.OpClass.embedding_bag
+    assert mask.memory_time == approx(3.4e-6 + 10.24e-6)
+    # dense * sparse, as the CPU's sparse_mask computes it (a socket's table): the sparse side's values are read
+    # too: streamed 264000 + 264000 = 528000 bytes -> 6.6 us; the same 10.24 us gathered; 64000 multiplies.
+    for call in (sim.OpCall("aten::mul.Tensor", [table, grad], [rows]),
+                 sim.OpCall("aten::mul.Tensor", [grad, table], [rows])):
+        mul = oam.cost(call)
+        assert (mul.work.flops, mul.work.bytes, mul.work.gathered_bytes) == (64000, 528000, 256000)
+        assert mul.memory_time == approx(6.6e-6 + 10.24e-6)
+    # Dense * dense is the elementwise pass it always was: 3 x 256 MB at 8e10 -> 9.6 ms.
+    assert oam.cost(sim.OpCall("aten::mul.Tensor", [table, table], [table])).memory_time == approx(9.6e-3)
+    # coalesce of a gradient of 1000 rows into 900: reads what it stores (264000 bytes), writes 900 rows
+    # (230400 + 7200 bytes): 501600 bytes at 8e10 -> 6.27 us; one add per stored value.
+    co = oam.cost(sim.OpCall("aten::_coalesce", [grad], [_sparse([900, 64], 900)]))
+    assert (co.work.flops, co.work.bytes) == (64000, 501600)
+    assert co.memory_time == approx(6.27e-6)
+
+
+def test_sparse_mask_on_zion_costs_the_same_for_a_small_and_a_large_table() -> None:
+    import torch
+
+    def modeled_us(rows: int) -> float:
+        table = torch.zeros(rows, 16, device="zion:6")
+        grad = torch.sparse_coo_tensor(torch.tensor([[1, 5, 7]]), torch.ones(3, 16), (rows, 16)).coalesce().to("zion:6")
+        start, end = torch.zion.Event(enable_timing=True), torch.zion.Event(enable_timing=True)
+        with torch.zion.device(6):
+            start.record()
+            masked = table.sparse_mask(grad)
+            end.record()
+        end.synchronize()
+        assert torch.equal(masked.cpu().to_dense(), table.cpu().sparse_mask(grad.cpu()).to_dense())
+        return start.elapsed_time(end) * 1e3
+
+    assert modeled_us(1000) == pytest.approx(modeled_us(1_000_000), rel=1e-9)
+
+
 def test_the_composite_embedding_bag_backward_is_priced_by_its_results_layout(oam: sim.OpCostModel) -> None:
     # Batch 2048 x 100 lookups of dim 64 into a [1M, 64] table.
     grad, indices, offsets = T([2048, 64]), T([204_800], "int64"), T([2048], "int64")

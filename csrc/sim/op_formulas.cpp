@@ -273,6 +273,37 @@ WorkFormula dense_plus_sparse(WorkFormula dense) {
   };
 }
 
+// A dense tensor met by a sparse COO one, with a sparse result: dense *
+// sparse (mul), and sparse_mask(dense, mask), which the CPU computes as dense
+// times a template of ones on the mask's indices (Adagrad's sparse step
+// calls it on every table). Only the rows the sparse tensor holds are read
+// from the dense one, at random rows: the result's values, in the dense
+// one's dtype, gathered. The sparse tensor's indices (and its values, when
+// `reads_values`) stream in, the result streams out; flops_per_value per
+// value of the result. Any other mix of layouts is the dense formula's.
+WorkFormula dense_at_sparse(WorkFormula dense, double flops_per_value, bool reads_values) {
+  return [dense, flops_per_value, reads_values](const OpCall& call) {
+    if (call.inputs.size() < 2 || call.outputs.empty() || !call.outputs[0].is_sparse() ||
+        call.inputs[0].is_sparse() == call.inputs[1].is_sparse()) {
+      return dense(call);
+    }
+    const TensorDesc& dense_in = call.inputs[0].is_sparse() ? call.inputs[1] : call.inputs[0];
+    const TensorDesc& sparse_in = call.inputs[0].is_sparse() ? call.inputs[0] : call.inputs[1];
+    const double values = static_cast<double>(call.outputs[0].numel());
+    const double read = reads_values ? sparse_in.bytes() : static_cast<double>(sparse_in.sparse_index_elements) * 8;
+    return make_work(OpClass::kEmbeddingBag, flops_per_value * values, read + sum_bytes(call.outputs),
+                     values * dense_in.element_size);
+  };
+}
+
+// _coalesce(self sparse): the indices sorted and the values of equal indices
+// summed, one add per stored value; the compulsory traffic is reading what
+// self stores and writing the result.
+OpWork coalesce(const OpCall& call) {
+  if (call.inputs.empty()) bad_call(call, "inputs (self, a sparse COO tensor)");
+  return make_work(OpClass::kElementwise, static_cast<double>(call.inputs[0].numel()), io_bytes(call));
+}
+
 // index_select(self, dim, index): each output element is read from self at a
 // row chosen by index, like an embedding lookup.
 OpWork index_select(const OpCall& call) {
@@ -369,7 +400,10 @@ std::vector<std::pair<std::string, WorkFormula>> builtin_op_formulas() {
   // Elementwise, one FLOP per element; a sparse gradient added into a dense
   // tensor touches only its rows.
   add_all({"add", "sub"}, dense_plus_sparse(elementwise(1)));
-  add_all({"rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt",
+  add("mul", dense_at_sparse(elementwise(1), 1, true));
+  add("sparse_mask", dense_at_sparse(elementwise(0), 0, false));
+  add("_coalesce", coalesce);
+  add_all({"rsub", "div", "neg", "abs", "exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt",
            "rsqrt", "reciprocal", "pow", "relu", "sigmoid", "tanh", "gelu", "silu", "elu", "leaky_relu", "hardtanh",
            "hardsigmoid", "hardswish", "threshold", "threshold_backward", "sigmoid_backward", "tanh_backward",
            "gelu_backward", "silu_backward", "leaky_relu_backward", "hardtanh_backward", "clamp", "clamp_min",
