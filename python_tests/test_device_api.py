@@ -5,13 +5,15 @@ and counters, and pricing ops from Python.
 Numbers are the zion preset's: 8 OAMs, 32 GiB HBM each at 1000 GB/s, fp32
 peak 15 TFLOP/s, bf16 120 TFLOP/s, matmul efficiency 0.6, launch 5 us."""
 
+import textwrap
+
 import pytest
 import torch
 
 import zion_emu  # noqa: F401  (registers the device)
 from zion_emu import cost
 from zion_emu.timeline import clock, counters, reset_clock
-from processes import child_env, run_python
+from processes import PYTHON, child_env, run, run_python
 
 GIB = 1 << 30
 
@@ -399,6 +401,30 @@ def test_a_zion_tensor_sent_through_torch_multiprocessing_is_refused_by_name():
             ForkingPickler.dumps(obj)
     cpu = torch.ones(3)
     assert torch.equal(ForkingPickler.loads(ForkingPickler.dumps(cpu)), cpu)  # CPU tensors still go
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_dataloader_worker_returning_a_zion_tensor_raises_in_the_training_process(start, tmp_path):
+    # The worker's Queue pickles on its feeder thread, which printed the refusal and dropped the batch:
+    # the loader waited forever. Now the batch arrives as the refusal itself.
+    script = tmp_path / "loader.py"  # a file: a spawned worker imports the script's Dataset from it
+    script.write_text(textwrap.dedent(f"""
+        import torch, zion_emu
+        from torch.utils.data import DataLoader, Dataset
+        class Made(Dataset):
+            def __len__(self): return 4
+            def __getitem__(self, i): return torch.ones(2, device="zion")
+        if __name__ == "__main__":
+            try:
+                for batch in DataLoader(Made(), num_workers=1, batch_size=2, multiprocessing_context="{start}"):
+                    print("got a batch")
+            except RuntimeError as e:
+                print("refused:", e)
+        """))
+    out = run([PYTHON, str(script)], timeout_s=120, env=child_env()).stdout
+    assert "got a batch" not in out
+    assert "refused: a zion tensor cannot be sent to another process through torch.multiprocessing" in out
+    assert "Send tensor.cpu()" in out
 
 
 def test_zion_platform_environment_variable_chooses_the_preset():
