@@ -445,6 +445,29 @@ def test_a_script_that_sets_another_platform_than_the_runs_is_warned(tmp_path):
             "'zion'") in other.stderr
 
 
+def test_a_script_that_sets_its_platform_keeps_the_reports_breakdown_and_trace(tmp_path):
+    # The new platform's timeline recorded no spans: the report lost "where the time goes" and the trace
+    # had no stream events.
+    import json
+
+    script = write(tmp_path, "s.py", """
+        import torch, zion_emu
+        zion_emu.set_platform("hgx-a100")
+        a = torch.ones(512, 512, device="zion")
+        for _ in range(3):
+            (a @ a).sum().item()
+    """)
+    trace, report = tmp_path / "t.json", tmp_path / "r.json"
+    r = zion_emu_cli("run", "--trace", str(trace), "--report", str(report), str(script))
+    assert "where the time goes" in r.stdout
+    data = json.loads(report.read_text())
+    assert data["platform"] == "hgx-a100" and data["breakdown"] is not None
+    assert data["breakdown"]["compute_s"] > 0
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert sum(1 for e in events if e.get("ph") == "X" and "mm" in e.get("name", "")) >= 3
+
+
 @pytest.mark.slow
 def test_output_files_are_written_when_the_reader_of_stdout_has_gone(tmp_path):
     # `zion-emu run ... | head -2`: the report's print met a closed pipe, and

@@ -154,6 +154,11 @@ void Timeline::set_recording(size_t max_spans) {
   if (spans_.capacity() < std::min<size_t>(max_spans, 1 << 16)) spans_.reserve(std::min<size_t>(max_spans, 1 << 16));
 }
 
+size_t Timeline::recording() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return max_spans_;
+}
+
 std::vector<Span> Timeline::spans() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return spans_;

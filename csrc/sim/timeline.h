@@ -134,6 +134,7 @@ class Timeline {
   // Spans are recorded while max_spans > 0, up to max_spans of them; later
   // ones are counted as dropped (counters stay exact regardless).
   void set_recording(size_t max_spans);
+  size_t recording() const;  // the max_spans set, 0 when not recording
   std::vector<Span> spans() const;
   size_t dropped_spans() const;
 

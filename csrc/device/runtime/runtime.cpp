@@ -148,7 +148,11 @@ void set_platform(const sim::Platform& platform) {
   TORCH_CHECK(host_bytes == 0, "zion: set_platform must come before any pinned or socket-placed host memory is made; ",
               host_bytes, " bytes are held in the socket pools of the current platform '", current,
               "' (pin_memory() buffers, tensors made under zion_emu.socket(i)); free them first");
+  const size_t recording = g_runtime ? g_runtime->timeline.recording() : 0;
   g_runtime = make_runtime(platform).release();  // the one it replaces stays alive
+  // Span recording (zion-emu run's report and trace, a profiler session)
+  // goes on on the new platform's timeline, with the same cap.
+  if (recording > 0) g_runtime->timeline.set_recording(recording);
   allocator().configure_locked(platform);
   pinned_allocator().configure_locked(platform);
   install_socket_cpu_allocator();  // as runtime() does: socket scopes place CPU tensors in their pools
