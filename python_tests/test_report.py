@@ -38,7 +38,8 @@ def test_merge_by_hand():
     # Steps done at 1, 3, 5, 7 s: three intervals of 2 s after the first; 16 + 16 samples each.
     assert merged.iterations == 4 and merged.iteration_s == 2.0
     assert merged.samples_per_iteration == 32 and merged.samples_per_s == 16.0
-    assert [d.busy_pct for d in merged.devices] == [40.0, 20.0]  # busy over the run's 10 s
+    # Busy: the run's 10 s less each device's host (idle) time: 10 - 4 and 10 - (4 + 2).
+    assert [d.busy_pct for d in merged.devices] == [60.0, 40.0]
     assert merged.devices[1].breakdown == rep.Breakdown(2.0, 1.0, 0.0, 1.0, 6.0)  # 4 s + the 2 s it was gone
     # The mean over devices: (4+2)/2, (1+1)/2, ..., host (4+6)/2; it adds up to the wall time.
     assert merged.breakdown == rep.Breakdown(3.0, 1.0, 0.25, 1.0, 5.0)
@@ -51,6 +52,16 @@ def test_merge_by_hand():
     assert [(op.name, op.busy_s, op.count) for op in merged.top_ops] == [("aten::mm", 6.0, 20),
                                                                          ("aten::erfinv", 1.0, 2)]
     assert merged.guessed_ops == {"aten::erfinv": 2}
+
+
+def test_a_devices_busy_share_counts_overlapped_communication_once():
+    # 8 s of compute with 4 s of communication under it, 2 s idle: the streams were busy 12 s of a 10 s run,
+    # the device 8 s of it. Without spans, the streams' sum is the only figure, and it is capped at the wall.
+    overlapped = rank(0, 10.0, 12.0, None, rep.Breakdown(8.0, 0.0, 4.0, 0.0, 2.0))
+    assert [d.busy_pct for d in rep.merge([overlapped]).devices] == [80.0]
+    unrecorded = rank(0, 10.0, 12.0, None, None)
+    assert [d.busy_pct for d in rep.merge([unrecorded]).devices] == [100.0]
+    assert [d.busy_pct for d in rep.merge([rank(0, 10.0, 3.0, None, None)]).devices] == [30.0]
 
 
 def test_samples_per_iteration_given_for_the_run_wins_and_a_rank_that_declared_none_leaves_it_unknown():

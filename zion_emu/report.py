@@ -550,6 +550,17 @@ def _pct(busy_s: float, capacity_s: float) -> float:
     return 100.0 * busy_s / capacity_s if capacity_s > 0 else 0.0
 
 
+def _device_busy_pct(device: DeviceSnapshot, breakdown: Breakdown | None, wall: float) -> float:
+    """The share of the run's wall time in which some stream of the device was
+    busy, as a GPU's utilization counts it: compute, communication and copies
+    that overlap count once (the wall time less the breakdown's host time).
+    Without a breakdown (spans not recorded), the streams' busy time summed,
+    which overlap can only overstate, at most the wall time."""
+    if breakdown is not None:
+        return _pct(max(wall - breakdown.host_s, 0.0), wall)
+    return _pct(min(device.busy_s, wall), wall)
+
+
 def _to_run_wall(device: DeviceSnapshot, rank_wall: float, wall: float) -> Breakdown | None:
     """A device's breakdown over the run's wall time: a rank that finished
     early was idle (host) for the rest."""
@@ -607,9 +618,12 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
     if not snaps:
         raise ValueError("no rank left a report (did every rank fail before its first step?)")
     wall = max(s.wall_s for s in snaps)
-    devices = [DeviceSummary(**{**_fields_of(d), "breakdown": _to_run_wall(d, s.wall_s, wall)},
-                             rank=s.rank, busy_pct=_pct(d.busy_s, wall))
-               for s in snaps for d in s.devices]
+    devices = []
+    for s in snaps:
+        for d in s.devices:
+            breakdown = _to_run_wall(d, s.wall_s, wall)
+            devices.append(DeviceSummary(**{**_fields_of(d), "breakdown": breakdown}, rank=s.rank,
+                                         busy_pct=_device_busy_pct(d, breakdown, wall)))
     sockets = [SocketSummary(**_fields_of(k), rank=s.rank, busy_pct=_pct(k.busy_s, wall))
                for s in snaps for k in s.sockets]
 
