@@ -251,6 +251,16 @@ def test_tour_shows_the_platform_two_sweeps_and_which_fabric_wins(capsys: pytest
     assert "all_to_all at 1 GiB: a fully_connected fabric is" in out
 
 
+def test_tours_fabric_verdict_compares_two_fabrics_when_the_topology_is_set(capsys: pytest.CaptureFixture[str]) -> None:
+    # With --set fabric.topology=ring both sides of the comparison were the ring: "1.00x faster".
+    out = run_ok(capsys, "tour", "--set", "fabric.topology=ring")
+    assert out.startswith("zion: ")
+    assert "all_reduce at 1 GiB: a fully_connected fabric is 3.50x faster than a ring one" in out
+    # The other --set fields still apply to both sides: links at half zion's 25 GB/s halve both.
+    slower = run_ok(capsys, "tour", "--set", "fabric.topology=ring", "--set", "fabric.link_bandwidth_gb_per_s=12.5")
+    assert "3.50x faster than a ring one (busbw 87.47 GB/s fully connected vs 25.00 GB/s ring)" in slower
+
+
 @pytest.mark.parametrize("preset", ["zionex", "hgx-a100", "hgx-h100"])
 def test_tour_runs_on_every_preset(capsys: pytest.CaptureFixture[str], preset: str) -> None:
     # hgx-h100 reduces in its NVSwitch; the ring / fully connected variants must drop that, not fail.

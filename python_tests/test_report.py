@@ -81,7 +81,7 @@ def test_a_device_without_a_breakdown_leaves_the_run_without_one_and_says_why():
     assert "breakdown: spans were not recorded" in format_text(merged)
 
 
-def test_the_json_round_trips_and_keeps_its_keys():
+def test_the_json_round_trips_and_keeps_its_keys(tmp_path):
     merged = rep.merge(two_ranks())
     merged.status = rep.RunStatus(0, False, {0: rep.RankStatus("ok", 0), 1: rep.RankStatus("exception", 1, "E: x")})
     doc = json.loads(json.dumps(merged.to_json()))
@@ -91,6 +91,16 @@ def test_the_json_round_trips_and_keeps_its_keys():
     assert doc["status"]["ranks"] == {"0": {"exit": "ok", "code": 0},
                                       "1": {"exit": "exception", "code": 1, "error": "E: x"}}
     assert rep.RunReport.from_json(doc) == merged
+    # The file's text and its path read back the same; anything else is refused by name.
+    text = json.dumps(merged.to_json())
+    assert rep.RunReport.from_json(text) == merged and rep.RunReport.from_json(text.encode()) == merged
+    path = tmp_path / "report.json"
+    path.write_text(text)
+    assert rep.RunReport.from_json(path) == merged
+    with pytest.raises(ValueError, match="the text given is not JSON .* its path as a pathlib.Path"):
+        rep.RunReport.from_json(str(path))
+    with pytest.raises(TypeError, match="JSON object .* not list"):
+        rep.RunReport.from_json([doc])
     snap = two_ranks()[0]
     assert rep.RankSnapshot.from_json(json.loads(json.dumps(snap.to_json()))) == snap
 

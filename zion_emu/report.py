@@ -11,6 +11,7 @@ communication, copies and host time is :mod:`zion_emu.breakdown`.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar, Iterable, Mapping
 
@@ -526,7 +527,21 @@ class RunReport:
         return _json(self)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RunReport:
+    def from_json(cls, d: Mapping[str, Any] | str | bytes | os.PathLike) -> RunReport:
+        """The report ``--report`` wrote: its parsed JSON (a dict), its text, or the file's path
+        (a ``pathlib.Path``)."""
+        if isinstance(d, os.PathLike):
+            with open(d, encoding="utf-8") as f:
+                d = json.load(f)
+        elif isinstance(d, (str, bytes)):
+            try:
+                d = json.loads(d)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"RunReport.from_json: the text given is not JSON ({e}); pass the report's text, "
+                                 "its parsed dict, or its path as a pathlib.Path") from None
+        if not isinstance(d, Mapping):
+            raise TypeError(f"RunReport.from_json takes the report's JSON object (a dict), its text or its path "
+                            f"(a pathlib.Path), not {type(d).__name__}")
         return cls(**{
             **d,
             "throughput": None if d.get("throughput") is None else ThroughputSummary(**d["throughput"]),
