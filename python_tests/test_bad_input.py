@@ -280,6 +280,45 @@ def test_tensors_on_two_devices_name_both_devices_and_the_op():
         torch.ones(4) + a
 
 
+def test_a_convolution_over_two_devices_is_refused_and_one_on_another_device_stays_there():
+    # It ran, with its result on the input's device; backward then failed on a gradient's device.
+    same_device = r"Expected all tensors to be on the same device, but found at least two devices, "
+    x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
+    with pytest.raises(RuntimeError, match=same_device + r"zion:0 and zion:1! \(when checking arguments for "
+                                                         r"convolution_overrideable\)"):
+        torch.nn.functional.conv2d(x.to("zion:0"), w.to("zion:1"))
+    with pytest.raises(RuntimeError, match=same_device + r"zion:2 and zion:0! \(when checking arguments for "
+                                                         r"convolution_overrideable\)"):
+        torch.nn.functional.conv2d(x.to("zion:2"), w.to("zion:2"), b.to("zion:0"))
+    # All on zion:3 while zion:0 is current: the result and the gradients stay on zion:3, equal to the CPU's.
+    xz, wz = x.to("zion:3").requires_grad_(), w.to("zion:3").requires_grad_()
+    y = torch.nn.functional.conv2d(xz, wz, b.to("zion:3"))
+    y.sum().backward()
+    assert y.device == xz.grad.device == wz.grad.device == torch.device("zion:3")
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    yc = torch.nn.functional.conv2d(xc, wc, b)
+    yc.sum().backward()
+    assert torch.equal(y.detach().cpu(), yc.detach()) and torch.equal(wz.grad.cpu(), wc.grad)
+
+
+@pytest.mark.parametrize("make, what", [
+    # A zion result of quantize_per_tensor was a qint8 tensor that was not quantized; later ops failed elsewhere.
+    (lambda: torch.quantize_per_tensor(torch.tensor([0.1, 0.5], device="zion"), 0.1, 0, torch.qint8),
+     r"zion: an op's result is a quantized tensor \(QInt8\), and zion has no quantized tensors"),
+    (lambda: torch.quantize_per_tensor(torch.tensor([0.1, 0.5]), 0.1, 0, torch.qint8).to("zion"),
+     r"zion: aten::empty_quantized would make or use a quantized tensor on zion"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]).to("zion"),
+     r"zion: aten::_to_copy would make or use a nested tensor \(torch.nested\) on zion"),
+])
+def test_quantized_and_nested_tensors_are_refused_by_name(make, what):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # quantized tensors' deprecation, nested tensors' prototype
+        with pytest.raises(NotImplementedError, match=what):
+            make()
+
+
 def test_an_op_with_only_a_cuda_kernel_names_the_op_and_why():
     q = torch.ones(1, 4, 2, 8, device="zion")
     with pytest.raises(NotImplementedError, match=r"zion: operator aten::_flash_attention_forward is not supported "

@@ -7,6 +7,7 @@
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <array>
@@ -25,11 +26,25 @@ c10::OperatorHandle operator_named(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 
+// As the fallback and CUDA refuse them: every tensor on the input's device.
+// The input's device is then made current, as the fallback makes it.
+c10::DeviceGuard on_one_device(const char* name, const at::Tensor& input, std::initializer_list<const at::Tensor*> others) {
+  for (const at::Tensor* t : others) {
+    if (t && t->defined() && t->device() != input.device()) {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                  input.device(), " and ", t->device(), "! (when checking arguments for ", name, ")");
+    }
+  }
+  return c10::DeviceGuard(input.device());
+}
+
 at::Tensor convolution_overrideable(const at::Tensor& input, const at::Tensor& weight,
                                     const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
                                     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                                     c10::IntArrayRef output_padding, int64_t groups) {
   static const c10::OperatorHandle op = operator_named("aten::convolution_overrideable");
+  c10::DeviceGuard guard =
+      on_one_device("convolution_overrideable", input, {&weight, bias ? &*bias : nullptr});
   AliasSet aliases(input.device().index());
   std::vector<at::Tensor> inputs{aliases.alias(input), aliases.alias(weight)};
   std::optional<at::Tensor> cpu_bias;
@@ -53,6 +68,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding,
     int64_t groups, std::array<bool, 3> output_mask) {
   static const c10::OperatorHandle op = operator_named("aten::convolution_backward_overrideable");
+  c10::DeviceGuard guard = on_one_device("convolution_backward_overrideable", input, {&grad_output, &weight});
   AliasSet aliases(input.device().index());
   std::vector<at::Tensor> inputs{aliases.alias(grad_output), aliases.alias(input), aliases.alias(weight)};
   // The bias gradient sums grad_output over all but the channel dimension.

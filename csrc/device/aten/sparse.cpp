@@ -530,6 +530,31 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) { m.fallback(torch::CppFunction::mak
 
 namespace {
 
+// Quantized and nested tensors: torch's own error named a "Quantizedzion"
+// or "NestedTensorzion" backend and a custom build.
+void refuse_quantized(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "zion: ", op.schema().name(), " would make or use a quantized tensor on zion, "
+                              "and zion has no quantized tensors. Keep quantized tensors on the CPU (tensor.cpu()).");
+}
+
+void refuse_nested(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "zion: ", op.schema().name(), " would make or use a nested tensor "
+                              "(torch.nested) on zion, and zion has none: its layouts are strided and sparse COO. "
+                              "Pad it first (torch.nested.to_padded_tensor) or keep it on the CPU.");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_quantized>());
+}
+
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_nested>());
+}
+
+namespace {
+
 // As CpuKernelsFirst (fallback.cpp) does for dense tensors: where the CPU
 // has a sparse kernel of its own (SparseCPU) and zion would otherwise take
 // the op's generic kernel (a CompositeExplicitAutograd one, written for

@@ -170,6 +170,9 @@ at::Tensor AliasSet::to_zion(const at::Tensor& out) {
   if (!out.defined() || !out.device().is_cpu()) return out;
   if (out.is_sparse()) return sparse_to_zion(out, *this, device_);
   if (out.layout() != c10::kStrided) refuse_layout(out.layout(), "an op's result");
+  TORCH_CHECK_NOT_IMPLEMENTED(!out.is_quantized(), "zion: an op's result is a quantized tensor (", out.scalar_type(),
+                              "), and zion has no quantized tensors. Quantize on the CPU: tensor.cpu(), then "
+                              "torch.quantize_per_tensor and the quantized ops there.");
   TORCH_CHECK(out.has_storage(), "zion: a CPU kernel returned a strided tensor without storage (",
               out.unsafeGetTensorImpl()->device_type(), " ", out.key_set(), "); zion cannot adopt it");
   c10::StorageImpl* storage = out.storage().unsafeGetStorageImpl();
