@@ -202,3 +202,32 @@ def test_spare_aliases_take_each_arguments_metadata_and_let_its_memory_go():
     y = x + 1
     del x, y
     assert torch.zion.memory_allocated() == before
+
+
+def _trained_weights(device: str, optimizer: type, **options) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 16).to(device)
+    opt = optimizer(model.parameters(), lr=1e-2, **options)
+    inputs = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(4, 8, generator=inputs).to(device)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    return model.weight.detach().cpu()
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad,
+                                       torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam, torch.optim.ASGD])
+def test_optimizers_take_cudas_foreach_path_and_each_path_equals_the_cpus(optimizer):
+    # torch.optim defaults to foreach for zion tensors, as for CUDA ones (README, "Limits and guarantees").
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    assert _default_to_fused_or_foreach([torch.zeros(1, device="zion")], False, False) == (False, True)
+    assert _default_to_fused_or_foreach([torch.zeros(1)], False, False) == (False, False)
+    for foreach in (False, True):
+        assert torch.equal(_trained_weights("zion", optimizer, foreach=foreach),
+                           _trained_weights("cpu", optimizer, foreach=foreach))
+    assert torch.equal(_trained_weights("zion", optimizer), _trained_weights("cpu", optimizer, foreach=True))
+    if optimizer in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, torch.optim.RMSprop):
+        assert torch.equal(_trained_weights("zion", optimizer), _trained_weights("cpu", optimizer))
