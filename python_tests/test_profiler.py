@@ -197,6 +197,18 @@ def test_host_track_in_modeled_time(tmp_path: Path, modeled_host_time):
     assert step["ts"] + step["dur"] == pytest.approx(kernel["ts"] + kernel["dur"], abs=2e-3)
 
 
+def test_a_range_without_a_synchronize_lasts_the_launch_in_modeled_host_time(modeled_host_time):
+    # README's example: the host runs ahead of the device, so the range ends with the launch.
+    a = torch.randn(1024, 1024, device="zion")
+    torch.zion.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ZION]) as prof:
+        with record_function("step"):
+            a @ a
+    stats = {e.key: e for e in prof.key_averages()}
+    assert stats["step"].cpu_time_total == pytest.approx(launch_us(), abs=2e-3)
+    assert stats["aten::mm"].device_time_total == pytest.approx(matmul_us(1024, 1024, 1024), abs=2e-3)
+
+
 def test_host_track_is_wall_time_by_default(tmp_path: Path):
     assert zion_emu.profiler.host_time() == "wall"
     a = torch.randn(1024, 1024, device="zion")
