@@ -209,6 +209,28 @@ def test_a_range_without_a_synchronize_lasts_the_launch_in_modeled_host_time(mod
     assert stats["aten::mm"].device_time_total == pytest.approx(matmul_us(1024, 1024, 1024), abs=2e-3)
 
 
+def test_profile_memory_records_each_zion_block_on_its_device(tmp_path: Path):
+    # It recorded none: the HBM pool did not report to the profiler, and a small result of a zion op's CPU
+    # kernel was reported as CPU memory.
+    x = torch.ones(64, 64, device="zion:2")
+    with profile(activities=[ProfilerActivity.CPU, ZION], profile_memory=True) as prof:
+        a = torch.empty(1 << 20, device="zion:2")  # 4 MiB
+        del a
+        y = torch.mm(x, x)  # 16 KiB, made by the CPU kernel on zion's behalf
+        b = torch.empty(1 << 10)  # 4 KiB on the CPU
+    stats = {e.key: e for e in prof.key_averages()}
+    assert stats["aten::empty"].device_memory_usage == 4 << 20
+    assert stats["aten::empty"].cpu_memory_usage == 4 << 10
+    assert (stats["aten::mm"].device_memory_usage, stats["aten::mm"].cpu_memory_usage) == (16 << 10, 0)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    memory = [e["args"] for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "[memory]"]
+    zion = [(m["Device Id"], m["Bytes"], m["Total Allocated"]) for m in memory if m["Device Type"] == 20]
+    held = 16 << 10  # x
+    assert zion == [(2, 4 << 20, held + (4 << 20)), (2, -(4 << 20), held), (2, 16 << 10, 2 * held)]
+    assert torch.equal(y.cpu(), x.cpu() @ x.cpu()) and b.numel() == 1 << 10
+
+
 def test_host_track_is_wall_time_by_default(tmp_path: Path):
     assert zion_emu.profiler.host_time() == "wall"
     a = torch.randn(1024, 1024, device="zion")

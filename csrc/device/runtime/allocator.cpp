@@ -85,6 +85,17 @@ struct Allocation {
 
 std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not backed
 
+// torch.profiler's profile_memory: each block allocated or freed on a
+// device, with the device's allocated and reserved bytes after it (equal:
+// the pools cache nothing), as CUDA's caching allocator reports its blocks.
+// Read only while a profile records memory.
+void report_to_profiler(c10::DeviceIndex device, const void* ptr, int64_t delta) {
+  if (!c10::memoryProfilingEnabled()) return;
+  const auto allocated = static_cast<size_t>(allocator().allocated_bytes(device));
+  c10::reportMemoryUsageToProfiler(const_cast<void*>(ptr), delta, allocated, allocated,
+                                   c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
 void delete_allocation(void* context) {
   auto* a = static_cast<Allocation*>(context);
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
@@ -94,8 +105,10 @@ void delete_allocation(void* context) {
   const c10::DeviceIndex device = a->device;
   const size_t nbytes = a->nbytes;
   void* ptr = a->ptr;
+  const void* id = a->storage_less ? a : a->ptr ? a->ptr : a->adopted.get();
   a->~Allocation();  // adopted bytes go back to their allocator
   allocator().release(device, ptr, nbytes, a);
+  report_to_profiler(device, id, -static_cast<int64_t>(nbytes));
 }
 
 // Constructs an allocation's bookkeeping in `raw` (from reserve).
@@ -281,6 +294,7 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
   host_lock.reset();
   commit_held(device, nbytes);
   memory_history().allocated(device, data, nbytes);
+  report_to_profiler(device, data, static_cast<int64_t>(nbytes));
   return {data, make_allocation(bookkeeping, device, nbytes, data, c10::DataPtr()), &delete_allocation, where};
 }
 
@@ -291,6 +305,7 @@ c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t
   Allocation* allocation = make_allocation(bookkeeping, device, nbytes, nullptr, c10::DataPtr(), true);
   // No bytes, so the memory history knows it by its bookkeeping's address.
   memory_history().allocated(device, allocation, nbytes);
+  report_to_profiler(device, allocation, static_cast<int64_t>(nbytes));
   return {nullptr, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
 
@@ -435,6 +450,7 @@ c10::DataPtr HbmAllocator::adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, 
     release(device, nullptr, nbytes, bookkeeping);  // its bytes stay its owner's
     throw;
   }
+  report_to_profiler(device, data, static_cast<int64_t>(nbytes));
   return {data, make_allocation(bookkeeping, device, nbytes, nullptr, std::move(bytes)), &delete_allocation,
           c10::Device(c10::DeviceType::PrivateUse1, device)};
 }
@@ -461,6 +477,12 @@ void HbmAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) { kernel_host_mem
 
 void HbmAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   if (count) std::memcpy(dest, src, count);
+}
+
+int64_t HbmAllocator::allocated_bytes(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device < 0 || device >= static_cast<c10::DeviceIndex>(pools_.size())) return 0;
+  return pools_[device].stats.allocated_bytes[kAggregate].current;
 }
 
 c10::CachingDeviceAllocator::DeviceStats HbmAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -539,9 +561,13 @@ KernelHostMemory& kernel_host_memory() {
 }
 
 c10::DataPtr KernelHostMemory::allocate(size_t nbytes) {
-  if (!t_zion_kernel || nbytes < kMinBytes) return cpu_->allocate(nbytes);
+  if (!t_zion_kernel) return cpu_->allocate(nbytes);
+  // A zion kernel's bytes are the device's, which the HBM pool reports to a
+  // profile that records memory: the CPU allocator must not report them as
+  // the CPU's too. Small blocks are then ours for that profile, uncached.
+  if (nbytes < kMinBytes && !c10::memoryProfilingEnabled()) return cpu_->allocate(nbytes);
   void* ptr = nullptr;
-  {
+  if (nbytes >= kMinBytes) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cached_.find(nbytes);
     if (it != cached_.end() && !it->second.empty()) {
@@ -569,7 +595,7 @@ void KernelHostMemory::give_back(void* ptr) {
     if (it != in_use_.end()) {
       size_t nbytes = it->second;
       in_use_.erase(it);
-      if (cached_bytes_ + nbytes <= kMaxCachedBytes) {
+      if (nbytes >= kMinBytes && cached_bytes_ + nbytes <= kMaxCachedBytes) {
         cached_[nbytes].push_back(ptr);
         cached_bytes_ += nbytes;
         return;

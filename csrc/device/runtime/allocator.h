@@ -22,6 +22,7 @@ class HbmAllocator final : public c10::DeviceAllocator {
  public:
   void configure(const sim::Platform& platform);
   size_t bytes_in_use() const;
+  int64_t allocated_bytes(c10::DeviceIndex device);  // of one device's pool (0 for one it has not)
   // The pools' lock (BasicLockable): held across fork() (see runtime.h: fork
   // safety), and by set_platform, so that no block is counted between its
   // check that the pools are empty and their replacement. The *_locked
