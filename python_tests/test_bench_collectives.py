@@ -43,6 +43,10 @@ def test_bad_arguments_are_one_line_naming_what_is_allowed(capsys: pytest.Captur
     # 8 ranks of all_gather need 8 floats: 16 bytes hold none.
     err = _error(capsys, "--op", "all_gather", "--min-bytes", "8", "--max-bytes", "16")
     assert "no size from --min-bytes to --max-bytes holds one float per rank" in err and "the smallest is 32 bytes" in err
+    # An algorithm that cannot run over the ranks is refused before they start (they started, then failed).
+    err = _error(capsys, "--algo", "halving_doubling", "--nproc", "3", "--max-bytes", "64")
+    assert ("--algo halving_doubling: all_reduce over 3 ranks: no algorithm applies (halving_doubling needs a "
+            "power-of-two number of ranks, got 3)") in err
 
 
 def test_sizes_round_to_whole_elements_per_rank_and_large_ones_run_fewer_calls() -> None:

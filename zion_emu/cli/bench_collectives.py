@@ -351,6 +351,14 @@ def _check(args: argparse.Namespace, ops: list[str], nproc: int, platform: Any, 
         if not sizes[op]:
             raise CliError(f"no size from --min-bytes to --max-bytes holds one {DTYPE} per rank for {op} over "
                            f"{nproc} ranks; the smallest is {element_unit(op, nproc)} bytes")
+    if args.algo not in (None, "auto"):
+        # An algorithm that cannot run over this many ranks is refused here, before any rank starts.
+        for op in ops:
+            try:
+                sim.collective(platform, op, min(sizes[op]), nproc, args.algo, args.link_model or "fair",
+                               root=args.root if op in ("broadcast", "reduce") else 0)
+            except ValueError as e:
+                raise CliError(f"--algo {args.algo}: {e}") from None
     op = max(ops, key=lambda o: buffer_bytes(o, nproc, max(sizes[o])))
     need = nproc * buffer_bytes(op, nproc, max(sizes[op]))
     available = _available_bytes()
