@@ -67,6 +67,9 @@ def test_vary_keys_and_values_are_checked_naming_what_is_allowed() -> None:
     axes = sweep.parse_axes(["nproc=2,3", "arg:--servers=1,4", "T=1,2"])
     assert [a.kind for a in axes] == ["launch", "arg", "name"]
     assert len(sweep.launch_combinations(axes)) == 8
+    # A value holding a comma is quoted (it was split in two, and '0,8' kept its quotes).
+    (ranks,) = sweep.parse_axes(["ranks='0,8',\"0-15\",3"])
+    assert ranks.values == ["0,8", "0-15", "3"]
 
 
 def test_braces_take_integer_arithmetic_on_swept_names_and_leave_json_alone() -> None:

@@ -80,6 +80,9 @@ def _axis(item: str, option: str) -> tuple[str, list[str]]:
         raise CliError(f"{option} '{item}' is not {'PATH' if option == '--set' else 'KEY'}=VALUE[,VALUE...]")
     key, values = item.split("=", 1)
     options = [v.strip() for v in split_values(values)]
+    if option == "--vary":
+        # A launch option's or script argument's value that holds a comma is quoted: ranks='0,8'.
+        options = [v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'" else v for v in options]
     if any(not v for v in options):
         raise CliError(f"{option} {item}: an empty value in the list")
     return key.strip(), options
