@@ -276,8 +276,10 @@ def test_tensors_on_two_devices_name_both_devices_and_the_op():
         a.view(2, 2) @ b.view(2, 2)
     with pytest.raises(RuntimeError, match=same_device + r"zion:0 and cpu! \(when checking arguments for aten::mul\)"):
         a * torch.ones(4)
-    with pytest.raises(RuntimeError, match=same_device + r"zion and cpu! \(when checking arguments for aten::add\)"):
+    with pytest.raises(RuntimeError, match=same_device + r"zion:0 and cpu! \(when checking arguments for aten::add\)"):
         torch.ones(4) + a
+    with pytest.raises(RuntimeError, match=same_device + r"zion:1 and cpu! \(when checking arguments for aten::cat\)"):
+        torch.cat([torch.ones(4), b])
 
 
 def test_a_convolution_over_two_devices_is_refused_and_one_on_another_device_stays_there():

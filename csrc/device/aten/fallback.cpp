@@ -129,6 +129,22 @@ struct Call {
   c10::SmallVector<at::Tensor, 8> inputs;                                       // for pricing
   bool watch_autograd = false;  // an alias carries requires_grad (OpFacts::may_record_autograd)
   bool in_indices = false;      // converting a Tensor?[] argument: an index op's indices
+  c10::ArrayRef<c10::IValue> all_args;  // the boxed call's arguments, for naming a zion device in an error
+
+  // The zion device of a later argument, when a CPU tensor comes first (an error's message).
+  c10::DeviceIndex device_named_later() const {
+    for (const c10::IValue& v : all_args) {
+      if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_privateuseone()) {
+        return v.toTensor().device().index();
+      }
+      if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (t.defined() && t.device().is_privateuseone()) return t.device().index();
+        }
+      }
+    }
+    return -1;
+  }
 
   // The alias of `t`, which the caller keeps alive for the call.
   at::Tensor alias(const at::Tensor& t) { return alias_of(c10::MaybeOwned<at::Tensor>::borrowed(t)); }
@@ -165,7 +181,9 @@ struct Call {
     }
     if (t.device().is_cpu()) {
       // A CPU scalar (0-dim) rides along, as with CUDA; so do index tensors.
-      if (t.dim() > 0 && !(facts.accepts_cpu_tensors && in_indices)) mixed_devices(op, device, t);
+      if (t.dim() > 0 && !(facts.accepts_cpu_tensors && in_indices)) {
+        mixed_devices(op, device >= 0 ? device : device_named_later(), t);
+      }
       if (t.has_storage()) cpu_storages.push_back(t.storage().unsafeGetStorageImpl());
       // Priced where the schema puts it (the formulas read inputs by
       // position); a Python number is a kernel argument, not an input.
@@ -294,6 +312,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       refuse_written_cpu_tensor(op, c10::ArrayRef<c10::IValue>(&*args, num_args), v.toTensor());
     }
   }
+  call.all_args = c10::ArrayRef<c10::IValue>(&*args, num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
     v = call.convert_argument(std::move(v));
