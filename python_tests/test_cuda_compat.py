@@ -21,7 +21,7 @@ import pytest
 
 import zion_emu
 from zion_emu.cuda_compat import translate_backend
-from processes import PYTHON, child_env, run_python, started
+from processes import PYTHON, child_env, run, run_python, started, zion_emu_cli
 
 MARK = "@@cuda-compat-check@@"
 CHECK_TIMEOUT_S = 60
@@ -83,7 +83,8 @@ class CompatProcess:
 @pytest.fixture(scope="module")
 def compat() -> Iterator[CompatProcess]:
     with started([PYTHON, "-u", "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                 stderr=subprocess.STDOUT, text=True, env=child_env(OMP_NUM_THREADS="1"), bufsize=1) as proc:
+                 stderr=subprocess.STDOUT, text=True, env=child_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=None),
+                 bufsize=1) as proc:
         p = CompatProcess(proc)
         yield p
         p.close()
@@ -224,6 +225,30 @@ def test_torch_load_maps_cuda_locations(compat, tmp_path):
     """)
 
 
+def test_torch_load_dict_map_location_leaves_unnamed_cuda_storages_on_their_zion_device(compat, tmp_path):
+    # On CUDA a storage whose saved location the dict does not name stays there; here the unnamed
+    # cuda:1 storage failed (ValueError: Expected a cuda device, but got: zion:1).
+    compat.check(f"""
+        import torch, zipfile
+        path, cuda_path = r"{tmp_path}/two.pt", r"{tmp_path}/two_cuda.pt"
+        torch.save({{"a": torch.arange(3.0, device="cuda:0"), "b": torch.arange(4.0, device="cuda:1")}}, path)
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(cuda_path, "w") as dst:  # as saved on a CUDA machine
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename.endswith("data.pkl"):
+                    data = data.replace(b"zion:0", b"cuda:0").replace(b"zion:1", b"cuda:1")
+                dst.writestr(info, data)
+        for where, a, b in (({{"cuda:0": "cuda:0"}}, "zion:0", "zion:1"), ({{"cuda:0": "zion:0"}}, "zion:0", "zion:1"),
+                            ({{"cuda:0": "cpu"}}, "cpu", "zion:1"), ({{"cuda:1": "cuda:2"}}, "zion:0", "zion:2"),
+                            ({{}}, "zion:0", "zion:1")):
+            for f in (cuda_path, path):  # a key cuda:i also names zion:i, the tag saved under cuda-compat
+                loaded = torch.load(f, map_location=where)
+                assert (str(loaded["a"].device), str(loaded["b"].device)) == (a, b), (f, where, loaded)
+                assert torch.equal(loaded["b"].cpu(), torch.arange(4.0))
+        assert str(torch.load(path, map_location={{"zion:1": "cpu"}})["b"].device) == "cpu"
+    """)
+
+
 def test_torch_compile_traces_cuda_devices(compat):
     # aot_eager: the graph runs op by op on zion (inductor is refused on zion).
     compat.check("""
@@ -295,6 +320,67 @@ def test_streams(compat):
         torch.cuda.current_stream().wait_stream(s)
         s.synchronize(); torch.cuda.synchronize("cuda:0"); torch.cuda.synchronize(torch.device("cuda", 1))
         assert not torch.cuda.is_current_stream_capturing()
+    """)
+
+
+def test_nvtx_cuda_profiler_and_sync_debug_mode(compat):
+    # They failed with the CPU build's errors ("NVTX functions not installed", cudart None, no _cuda_* in torch._C).
+    compat.check("""
+        import torch, torch.cuda.nvtx as nvtx, torch.cuda.profiler
+        from torch.profiler import ProfilerActivity, profile
+        a = torch.randn(8, 8, device="cuda")
+        with profile(activities=[ProfilerActivity.CPU]) as p:  # NVTX ranges are record_function ranges
+            assert nvtx.range_push("outer") == 0 and nvtx.range_push("inner") == 1
+            a @ a
+            assert nvtx.range_pop() == 1 and nvtx.range_pop() == 0 and nvtx.range_pop() == -1
+            with nvtx.range("step {}", 3):
+                a @ a
+            handle = nvtx.range_start("across")
+            nvtx.range_end(handle)
+            nvtx.mark("here")
+        names = {e.key for e in p.key_averages()}
+        assert {"outer", "inner", "step 3", "across"} <= names, names
+        @nvtx.range("decorated")
+        def f():
+            return 1
+        assert f() == 1
+        torch.cuda.profiler.start(); torch.cuda.profiler.stop()
+        with torch.cuda.profiler.profile():
+            a @ a
+        with torch.autograd.profiler.emit_nvtx(record_shapes=True):
+            a @ a
+        assert torch.cuda.get_sync_debug_mode() == 0
+        torch.cuda.set_sync_debug_mode("warn")
+        assert torch.cuda.get_sync_debug_mode() == 1
+        torch.cuda.set_sync_debug_mode(2)
+        assert torch.cuda.get_sync_debug_mode() == 2
+        for bad in ("loud", 3):
+            try:
+                torch.cuda.set_sync_debug_mode(bad)
+            except RuntimeError as e:
+                assert "invalid value of debug_mode" in str(e)
+            else:
+                raise AssertionError(bad)
+        torch.cuda.set_sync_debug_mode("default")
+    """)
+
+
+def test_a_cuda_streams_handle_is_a_cuda_only_error(compat):
+    compat.check("""
+        import torch
+        for s in (torch.cuda.current_stream(), torch.cuda.default_stream(1), torch.cuda.Stream()):
+            assert isinstance(s, torch.cuda.Stream) and s.device.type == "zion"
+            try:
+                s.cuda_stream
+            except compat.CudaOnlyError as e:
+                assert "torch.cuda.Stream.cuda_stream" in str(e) and "has no zion equivalent" in str(e)
+            else:
+                raise AssertionError("no error")
+            assert not hasattr(s, "cuda_stream")  # also an AttributeError
+        assert torch.cuda.current_stream() == torch.zion.current_stream() == torch.cuda.default_stream()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            assert torch.cuda.current_stream() == s
     """)
 
 
@@ -481,10 +567,14 @@ def test_profiler_use_cuda_gives_zion_device_events(compat):
     ("torch.cuda.nccl.all_reduce([torch.ones(2, device='cuda')])", "torch.cuda.nccl.all_reduce"),
     ("torch._C._scatter(torch.ones(2, device='cuda'), [0, 1], None, 0, None)", "torch._C._scatter"),
     ("torch.cuda.utilization()", "torch.cuda.utilization"),
+    ("torch.cuda.ExternalStream(0)", "torch.cuda.ExternalStream"),
+    ("torch.cuda.memory.set_per_process_memory_fraction(0.5)", "torch.cuda.set_per_process_memory_fraction"),
+    ("torch.cuda.memory.get_per_process_memory_fraction()", "torch.cuda.get_per_process_memory_fraction"),
+    ("torch.cuda.tunable.enable(True)", "torch.cuda.tunable.enable"),
 ])
 def test_cuda_only_calls_raise_naming_the_call(compat, call, name):
     compat.check(f"""
-        import torch, torch.cuda.comm, torch.cuda.graphs, torch.cuda.nccl
+        import torch, torch.cuda.comm, torch.cuda.graphs, torch.cuda.memory, torch.cuda.nccl, torch.cuda.tunable
         try:
             {call}
         except compat.CudaOnlyError as e:
@@ -538,3 +628,93 @@ def test_nothing_changes_until_enabled():
         else:
             raise AssertionError("CUDA tensor made without cuda-compat")
     """, timeout_s=RUN_TIMEOUT_S)
+
+
+# Processes a cuda-compat process starts.
+_SPAWNED_RANKS = """
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(gpu, n, store):  # pytorch/examples' ImageNet pattern
+    torch.cuda.set_device(gpu)
+    dist.init_process_group("nccl", init_method="file://" + store, world_size=n, rank=gpu)
+    t = torch.ones(2, device="cuda") * (gpu + 1)
+    dist.all_reduce(t)
+    print("rank", gpu, t.tolist(), t.device, dist.get_backend(), flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2, sys.argv[1]), nprocs=2)
+"""
+
+
+def test_mp_spawn_ranks_of_a_cuda_compat_run_are_in_cuda_compat(tmp_path):
+    # The children died in torch.cuda.set_device (no torch._C._cuda_setDevice).
+    script = tmp_path / "spawn_ranks.py"
+    script.write_text(_SPAWNED_RANKS)
+    out = zion_emu_cli("run", "--cuda-compat", str(script), str(tmp_path / "store"), timeout_s=RUN_TIMEOUT_S,
+                       env=child_env(CUDA_VISIBLE_DEVICES=None)).stdout
+    for rank in (0, 1):
+        assert f"rank {rank} [3.0, 3.0] zion:{rank} zion" in out, out
+
+
+_SPAWNED_WORKERS = """
+import torch, zion_emu.cuda_compat
+from torch.utils.data import DataLoader, Dataset
+
+class Seen(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return torch.cuda.is_available(), torch.cuda.device_count(), torch.zeros(1, device="cuda").device.type
+
+if __name__ == "__main__":
+    zion_emu.cuda_compat.enable()
+    loader = DataLoader(Seen(), batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    print("workers saw", sorted({tuple(seen) for seen in loader}))
+"""
+
+
+def test_spawned_dataloader_workers_are_in_cuda_compat(tmp_path):
+    script = tmp_path / "workers.py"
+    script.write_text(_SPAWNED_WORKERS)
+    n = zion_emu.load_platform("zion").get("oam.count")
+    out = run([PYTHON, str(script)], timeout_s=RUN_TIMEOUT_S, check=True,
+              env=child_env(CUDA_VISIBLE_DEVICES=None)).stdout
+    assert f"workers saw [(True, {n}, 'zion')]" in out, out
+
+
+# CUDA_VISIBLE_DEVICES.
+def test_cuda_visible_devices_is_read_as_cuda_reads_it():
+    from zion_emu.cuda_compat import _parse_visible
+
+    for value, count in (("0", 1), ("0,1,2", 3), ("", 0), ("-1", 0), ("0,0", 0), ("0,1,-1,2", 2),
+                         ("0,1,8,2", 2), (" 0, 1gpu", 2), ("0,x,1", 1)):
+        assert _parse_visible(value, 8) == count, value
+    for value in ("1,2", "3", "1,0", "GPU-8e4c2a1f"):
+        with pytest.raises(ValueError, match=f"CUDA_VISIBLE_DEVICES='{value}'"):
+            _parse_visible(value, 8)
+
+
+def test_cuda_visible_devices_limits_the_devices():
+    # It was ignored: device_count() 8 and nn.DataParallel 8 replicas whatever it said.
+    code = """
+        import torch, zion_emu.cuda_compat as compat
+        compat.enable()
+        print("seen", torch.cuda.is_available(), torch.cuda.device_count(), len(torch.cuda.default_generators))
+        try:
+            torch.zeros(1, device="cuda:2")
+        except RuntimeError as e:
+            print("refused", e)
+        if torch.cuda.is_available():
+            m = torch.nn.DataParallel(torch.nn.Linear(2, 2).cuda())
+            print("replicas", m.device_ids)
+    """
+    two = run_python(code, env=child_env(CUDA_VISIBLE_DEVICES="0,1"), timeout_s=RUN_TIMEOUT_S).stdout
+    assert "seen True 2 2" in two and "replicas [0, 1]" in two, two
+    assert "refused CUDA error: invalid device ordinal: cuda:2" in two and "CUDA_VISIBLE_DEVICES='0,1'" in two, two
+    none = run_python(code, env=child_env(CUDA_VISIBLE_DEVICES=""), timeout_s=RUN_TIMEOUT_S).stdout
+    assert "seen False 0 0" in none and "refused No CUDA GPUs are available" in none, none
+    renumbered = run_python(code, env=child_env(CUDA_VISIBLE_DEVICES="1,2"), timeout_s=RUN_TIMEOUT_S, check=False)
+    assert renumbered.returncode != 0 and "CUDA_VISIBLE_DEVICES='1,2'" in renumbered.stderr, renumbered.stderr
+    assert "cannot renumber" in renumbered.stderr

@@ -159,3 +159,11 @@ with _reading_the_environment():
 from zion_emu.torchrec.hooks import watch as _watch_torchrec  # noqa: E402
 
 _watch_torchrec()
+
+# ZION_CUDA_COMPAT=1 (set by zion_emu.cuda_compat.enable(), so inherited by
+# every process a --cuda-compat run starts: mp.spawn ranks, DataLoader
+# workers): this process maps CUDA to zion too. Not in the command line itself.
+if _os.environ.get("ZION_CUDA_COMPAT") == "1" and not _running_the_cli():
+    from zion_emu import cuda_compat as _cuda_compat
+
+    _cuda_compat.enable()

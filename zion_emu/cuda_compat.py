@@ -3,8 +3,11 @@
 accelerators (Gaudi's ``gpu_migration``, Ascend's ``transfer_to_npu``,
 ipex's xpu hijacks) map CUDA calls to their device.
 
-What is remapped, in this process only (opt-in; nothing changes until
-:func:`enable`):
+What is remapped, in this process and every process started from it
+(opt-in; nothing changes until :func:`enable`, which sets ``ZION_CUDA_COMPAT=1``
+in the environment: a child that loads zion_emu, as torch's backend autoload
+does on ``import torch``, enables it too -- ``mp.spawn`` ranks, spawned
+DataLoader workers):
 - device strings ``"cuda"`` / ``"cuda:N"`` and ``torch.device("cuda", N)``
   wherever a device is taken: ``torch.device(...)`` itself (construction
   returns a zion device; ``isinstance(x, torch.device)`` still holds), tensor
@@ -24,11 +27,19 @@ What is remapped, in this process only (opt-in; nothing changes until
   (``ProfilerActivity.PrivateUse1``, see :mod:`zion_emu.profiler`);
 - ``torch.cuda.comm`` and ``torch._C._broadcast_coalesced``: zion's
   (:mod:`zion_emu.comm`, ``torch.zion.comm``), which ``nn.DataParallel``
-  reaches through ``torch.nn.parallel.comm`` with or without cuda-compat.
+  reaches through ``torch.nn.parallel.comm`` with or without cuda-compat;
+- ``torch.cuda.nvtx`` ranges are ``record_function`` ranges (they show in a
+  torch.profiler trace), marks do nothing; ``torch.cuda.profiler.start/stop``
+  and ``torch.autograd.profiler.emit_nvtx`` do nothing;
+  ``torch.cuda.set_sync_debug_mode`` is kept and read back;
+- ``CUDA_VISIBLE_DEVICES``: ``0,1,...,k-1`` shows zion:0..k-1 as
+  cuda:0..k-1, ``""`` none; a list that would renumber the devices is refused
+  (ValueError naming the variable).
 
 CUDA-only calls with no zion equivalent (CUDA graphs, ``torch.cuda.nccl``,
 the other comm kernels of ``torch._C``, compute capability, NVML queries,
-...) raise :class:`CudaOnlyError` naming the call.
+``Stream.cuda_stream``, ``ExternalStream``, ``torch.cuda.tunable``, ...)
+raise :class:`CudaOnlyError` naming the call.
 cuDNN flags (``torch.backends.cudnn.*``) are left alone: setting them does
 nothing on zion.
 
@@ -40,6 +51,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import re
 import sys
 import threading
 import types
@@ -48,6 +61,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 ZION = "zion"
+# Set by enable(): every process started from this one (mp.spawn ranks, spawned
+# DataLoader workers, subprocesses) enables cuda-compat when it loads zion_emu
+# (torch's backend autoload does on `import torch`).
+ENV = "ZION_CUDA_COMPAT"
 
 
 class CudaOnlyError(RuntimeError):
@@ -112,6 +129,54 @@ def _zion_str(device: str) -> str | None:
     return None
 
 
+# CUDA_VISIBLE_DEVICES, read once by enable() as CUDA reads it at its start:
+# the script sees zion:0..k-1 as cuda:0..k-1 (None: every zion device).
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
+_visible: int | None = None
+_visible_value = ""
+
+
+def _parse_visible(value: str, n: int) -> int:
+    """How many of ``n`` devices ``CUDA_VISIBLE_DEVICES=value`` shows, read as
+    CUDA reads it: ordinals up to the first that is negative, unparsable or
+    past the devices; a repeated one shows none. A list that is not 0, 1, ...
+    would renumber the devices (cuda:0 another zion device than zion:0), which
+    cuda-compat cannot do: ValueError naming the variable."""
+    if value.strip().startswith(("GPU-", "MIG-")):
+        raise ValueError(f"{VISIBLE_ENV}={value!r}: zion devices have no UUIDs; cuda-compat honours a list of "
+                         f"ordinals 0,1,...,k-1 (the first k of zion's {n} devices) or '' (none); unset it to see all")
+    ordinals: list[int] = []
+    for elem in value.split(","):
+        number = re.match(r"[+-]?[0-9]+", elem.strip())  # as strtoul: "1gpu" is 1
+        x = int(number.group()) if number else -1
+        if x in ordinals:
+            return 0
+        if x < 0 or x >= n:
+            break
+        ordinals.append(x)
+    if ordinals != list(range(len(ordinals))):
+        raise ValueError(f"{VISIBLE_ENV}={value!r} would make cuda:0 zion:{ordinals[0]}, and cuda-compat cannot "
+                         f"renumber zion's devices: it honours 0,1,...,k-1 (the first k of zion's {n} devices) or "
+                         f"'' (none); unset it to see all {n}")
+    return len(ordinals)
+
+
+def _check_visible(index: int | None) -> None:
+    """Refuses a CUDA device index CUDA_VISIBLE_DEVICES hides (None: the current one)."""
+    if _visible is None or (index is not None and 0 <= index < _visible) or (index is None and _visible > 0):
+        return
+    if _visible == 0:
+        raise RuntimeError(f"No CUDA GPUs are available (cuda-compat: {VISIBLE_ENV}={_visible_value!r} hides every "
+                           "device)")
+    raise RuntimeError(f"CUDA error: invalid device ordinal: cuda:{index} (cuda-compat: {VISIBLE_ENV}="
+                       f"{_visible_value!r} shows cuda:0..cuda:{_visible - 1})")
+
+
+def _cuda_device_count() -> int:
+    n = torch.zion.device_count()
+    return n if _visible is None else min(n, _visible)
+
+
 def translate(device: Any, where: str | None = None) -> Any:
     """The zion device standing for ``device`` when it names CUDA (a string
     or a torch.device); anything else unchanged. Counts the remap under
@@ -125,6 +190,8 @@ def translate(device: Any, where: str | None = None) -> Any:
         return device
     if mapped is None:
         return device
+    if _visible is not None:
+        _check_visible(_TorchDevice(mapped).index)
     if where:
         _report.record(where)
     return mapped
@@ -133,10 +200,14 @@ def translate(device: Any, where: str | None = None) -> Any:
 def _index(device: Any) -> int | None:
     """A device argument of a torch.cuda function as a zion index (None: current)."""
     if device is None or isinstance(device, int):
+        if _visible is not None and (device is None or device >= 0):
+            _check_visible(device)
         return device
     d = _TorchDevice(translate(device))
     if d.type != ZION:
         raise ValueError(f"cuda-compat: expected a CUDA device (mapped to zion), got {device!r}")
+    if _visible is not None:
+        _check_visible(d.index)
     return d.index
 
 
@@ -168,6 +239,7 @@ class _Alias(type):
 
 class _DeviceMeta(_Alias):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        mapped = None
         if args and args[0].__class__ is str:
             mapped = _zion_str(args[0])
             if mapped is not None:
@@ -178,7 +250,10 @@ class _DeviceMeta(_Alias):
             if mapped is not None:
                 _report.record("torch.device('cuda')")
                 kwargs["type"] = mapped
-        return _TorchDevice(*args, **kwargs)
+        d = _TorchDevice(*args, **kwargs)
+        if mapped is not None and _visible is not None:  # a CUDA device CUDA_VISIBLE_DEVICES may hide
+            _check_visible(d.index)
+        return d
 
 
 class _GeneratorMeta(_Alias):
@@ -334,12 +409,22 @@ def _patch_devices() -> None:
 
 def _map_location(map_location: Any) -> Any:
     """torch.load's map_location with CUDA places turned into zion ones; for
-    None, storages saved on ``cuda:i`` restore to ``zion:i``."""
-    if map_location is None:
-        n = torch.zion.device_count()
-        return _CudaLocations({**{f"cuda:{i}": f"{ZION}:{i}" for i in range(n)}, "cuda": ZION})
-    if isinstance(map_location, dict):
-        return {k: translate(v, "torch.load(map_location=cuda)") for k, v in map_location.items()}
+    None, storages saved on ``cuda:i`` restore to ``zion:i``. A dict names
+    saved locations: those it leaves out restore as for None (on CUDA they stay
+    on their saved device), and a key ``cuda:i`` also names ``zion:i``, the tag
+    of a checkpoint saved under cuda-compat."""
+    if map_location is None or isinstance(map_location, dict):
+        n = _cuda_device_count()
+        locations = _CudaLocations({**{f"cuda:{i}": f"{ZION}:{i}" for i in range(n)}, "cuda": ZION})
+        if map_location is None:
+            return locations
+        given = {k: translate(v, "torch.load(map_location=cuda)") for k, v in map_location.items()}
+        for key, value in given.items():
+            zion_key = _zion_str(key) if isinstance(key, str) else None
+            if zion_key is not None and zion_key not in given:
+                locations[zion_key] = value
+        locations.update(given)
+        return locations
     return translate(map_location, "torch.load(map_location=cuda)")
 
 
@@ -347,7 +432,7 @@ class _CudaLocations(dict):
     """A map_location that counts what it remapped."""
 
     def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
+        if key in self and isinstance(key, str) and key.startswith("cuda"):
             _report.record("torch.load(cuda storage)")
         return super().get(key, default)
 
@@ -385,7 +470,18 @@ def _cuda_module_functions() -> dict[str, Any]:
     from zion_emu import memory as zion_memory
 
     def is_available() -> bool:
-        return True
+        return _cuda_device_count() > 0
+
+    def current_device() -> int:
+        _check_visible(None)
+        return z.current_device()
+
+    def get_rng_state_all() -> list[torch.Tensor]:
+        return [z.get_rng_state(i) for i in range(_cuda_device_count())]
+
+    def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+        for i, state in enumerate(new_states):
+            z.set_rng_state(state, _index(i))
 
     def set_device(device: Any) -> None:
         index = _index(device)
@@ -407,7 +503,14 @@ def _cuda_module_functions() -> dict[str, Any]:
         return wrapper
 
     def new_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> torch.Stream:
-        return z.Stream(_index(device), priority)
+        return _cuda_stream(z.Stream(_index(device), priority))
+
+    def stream_of(fn: Callable[..., torch.Stream]) -> Callable[..., torch.Stream]:
+        @functools.wraps(fn)
+        def wrapper(device: Any = None) -> torch.Stream:
+            return _cuda_stream(fn(_index(device)))
+
+        return wrapper
 
     # Classes to the script (isinstance, torch.cuda.Stream.wait_stream), torch's
     # generic Stream and Event on a zion device when called.
@@ -421,16 +524,16 @@ def _cuda_module_functions() -> dict[str, Any]:
 
     names: dict[str, Any] = {
         "is_available": is_available, "is_initialized": z.is_initialized, "init": z._lazy_init,
-        "_lazy_init": z._lazy_init, "_is_in_bad_fork": z._is_in_bad_fork, "device_count": z.device_count,
-        "current_device": z.current_device, "set_device": set_device, "device": device, "device_of": z.device_of,
+        "_lazy_init": z._lazy_init, "_is_in_bad_fork": z._is_in_bad_fork, "device_count": _cuda_device_count,
+        "current_device": current_device, "set_device": set_device, "device": device, "device_of": z.device_of,
         "get_device_name": with_index(z.get_device_name), "get_device_properties": with_index(z.get_device_properties),
         "synchronize": with_index(z.synchronize), "Stream": Stream, "Event": Event,
-        "current_stream": with_index(z.current_stream), "default_stream": with_index(z.default_stream),
+        "current_stream": stream_of(z.current_stream), "default_stream": stream_of(z.default_stream),
         "stream": z.stream, "StreamContext": z.StreamContext,
         "set_stream": z.set_stream, "manual_seed": z.manual_seed, "manual_seed_all": z.manual_seed_all,
         "seed": z.seed, "seed_all": z.seed_all, "initial_seed": z.initial_seed,
         "get_rng_state": with_index(z.get_rng_state), "set_rng_state": set_rng_state,
-        "get_rng_state_all": z.get_rng_state_all, "set_rng_state_all": z.set_rng_state_all,
+        "get_rng_state_all": get_rng_state_all, "set_rng_state_all": set_rng_state_all,
         "memory_allocated": with_index(z.memory_allocated), "max_memory_allocated": with_index(z.max_memory_allocated),
         "memory_reserved": with_index(z.memory_reserved), "max_memory_reserved": with_index(z.max_memory_reserved),
         "memory_cached": with_index(z.memory_reserved), "max_memory_cached": with_index(z.max_memory_reserved),
@@ -447,8 +550,142 @@ def _cuda_module_functions() -> dict[str, Any]:
         "host_memory_stats": z.host_memory_stats, "reset_peak_host_memory_stats": z.reset_peak_host_memory_stats,
         # The DDR pools keep no counts of what was allocated and freed over time: nothing to reset.
         "reset_accumulated_host_memory_stats": lambda: None,
+        "set_sync_debug_mode": set_sync_debug_mode, "get_sync_debug_mode": get_sync_debug_mode,
     }
     return names
+
+
+class CudaOnlyAttributeError(CudaOnlyError, AttributeError):
+    """A CUDA-only attribute: a CudaOnlyError, and an AttributeError for
+    ``hasattr`` / ``getattr(x, name, default)``."""
+
+
+class _CudaStream(torch.Stream):
+    """A zion stream as torch.cuda hands it to the script: a torch.Stream
+    (equal to the same stream from torch.zion) whose CUDA handle has no zion
+    meaning."""
+
+    @property
+    def cuda_stream(self) -> int:
+        raise CudaOnlyAttributeError("torch.cuda.Stream.cuda_stream is CUDA-only and has no zion equivalent "
+                                     "(cuda-compat maps CUDA to the zion device); a zion stream has no cudaStream_t")
+
+
+def _cuda_stream(s: torch.Stream) -> torch.Stream:
+    if isinstance(s, _CudaStream):
+        return s
+    return _CudaStream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+# torch.cuda.set_sync_debug_mode: kept and read back, as on CUDA; zion warns of
+# no synchronizing operation whatever the mode.
+_sync_debug_mode = 0
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    global _sync_debug_mode
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    if debug_mode not in (0, 1, 2):
+        raise RuntimeError("invalid value of debug_mode, expected one of 0,1,2")
+    _sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return _sync_debug_mode
+
+
+class _Nvtx:
+    """torch.cuda.nvtx's native calls (``torch.cuda.nvtx._nvtx``) on zion:
+    ranges are the profiler's ``record_function`` ranges, so they show in a
+    torch.profiler trace as NVTX ranges show in Nsight; marks and device
+    ranges do nothing."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._started: dict[int, Any] = {}
+        self._next_id = 1
+
+    def _stack(self) -> list[Any]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    @staticmethod
+    def _begin(msg: str) -> Any:
+        from torch.autograd.profiler import record_function
+
+        r = record_function(msg)
+        r.__enter__()
+        return r
+
+    def rangePushA(self, msg: str) -> int:  # noqa: N802 (the names of torch._C._nvtx)
+        _report.record("torch.cuda.nvtx range")
+        stack = self._stack()
+        stack.append(self._begin(msg))
+        return len(stack) - 1
+
+    def rangePop(self) -> int:  # noqa: N802
+        stack = self._stack()
+        if not stack:
+            return -1
+        stack.pop().__exit__(None, None, None)
+        return len(stack)
+
+    def rangeStartA(self, msg: str) -> int:  # noqa: N802
+        _report.record("torch.cuda.nvtx range")
+        r = self._begin(msg)
+        with self._lock:
+            range_id, self._next_id = self._next_id, self._next_id + 1
+            self._started[range_id] = r
+        return range_id
+
+    def rangeEnd(self, range_id: int) -> None:  # noqa: N802
+        with self._lock:
+            r = self._started.pop(range_id, None)
+        if r is not None:
+            r.__exit__(None, None, None)
+
+    def markA(self, msg: str) -> None:  # noqa: N802
+        return None
+
+    def deviceRangeStart(self, msg: str, stream: int = 0) -> object:  # noqa: N802
+        return object()
+
+    def deviceRangeEnd(self, handle: object, stream: int = 0) -> None:  # noqa: N802
+        return None
+
+
+class _EmitNvtx:
+    """torch.autograd.profiler.emit_nvtx on zion: does nothing (zion ops have
+    no NVTX ranges; torch.profiler records them)."""
+
+    def __init__(self, enabled: bool = True, record_shapes: bool = False) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> "_EmitNvtx":
+        _report.record("torch.autograd.profiler.emit_nvtx (nothing)")
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+def _patch_nvtx_and_cuda_profiler() -> None:
+    import torch.autograd.profiler as autograd_profiler
+    import torch.cuda.nvtx
+    import torch.cuda.profiler
+
+    _patch(torch.cuda.nvtx, "_nvtx", _Nvtx(), "torch.cuda.nvtx")
+    # Profiler capture ranges for nsys / nvprof: nothing to start or stop on zion.
+    _patch(torch.cuda.profiler, "start", lambda: None, "torch.cuda.profiler.start")
+    _patch(torch.cuda.profiler, "stop", lambda: None, "torch.cuda.profiler.stop")
+    _patch(autograd_profiler, "emit_nvtx", _EmitNvtx, "torch.autograd.profiler.emit_nvtx")
 
 
 # CUDA-only calls: name -> what to use instead (empty: nothing).
@@ -460,6 +697,7 @@ _CUDA_ONLY_CUDA = {
     "memory_usage": "use torch.cuda.memory_allocated()", "temperature": "", "power_draw": "", "clock_rate": "",
     "graph": "", "graph_pool_handle": "", "make_graphed_callables": "", "CUDAGraph": "",
     "caching_allocator_alloc": "", "caching_allocator_delete": "", "set_per_process_memory_fraction": "",
+    "get_per_process_memory_fraction": "", "ExternalStream": "a zion stream has no cudaStream_t",
 }
 _COMM_KERNEL = "torch.cuda.comm (torch.zion.comm) broadcasts, scatters and gathers on zion"
 _CUDA_COMM = ("broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter", "gather")
@@ -471,12 +709,14 @@ _CUDA_ONLY_NCCL = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_sc
 def _patch_cuda_only() -> None:
     import torch.cuda.comm
     import torch.cuda.graphs
+    import torch.cuda.memory
     import torch.cuda.nccl
 
     for name, instead in _CUDA_ONLY_CUDA.items():
         _patch(torch.cuda, name, _cuda_only(f"torch.cuda.{name}", instead), f"torch.cuda.{name} (error)")
-        if hasattr(torch.cuda.graphs, name):
-            setattr(torch.cuda.graphs, name, getattr(torch.cuda, name))
+        for sub in (torch.cuda.graphs, torch.cuda.memory):
+            if hasattr(sub, name):
+                setattr(sub, name, getattr(torch.cuda, name))
     from zion_emu import comm as zion_comm
 
     # torch.nn.parallel.comm already sends zion tensors to zion's (comm.install).
@@ -487,6 +727,12 @@ def _patch_cuda_only() -> None:
            "torch._C._broadcast_coalesced")
     for name in _CUDA_ONLY_C:
         _patch(torch._C, name, _cuda_only(f"torch._C.{name}", _COMM_KERNEL), f"torch._C.{name} (error)")
+    import torch.cuda.tunable
+
+    for name in getattr(torch.cuda.tunable, "__all__", ()):
+        _patch(torch.cuda.tunable, name, _cuda_only(f"torch.cuda.tunable.{name}", "TunableOp tunes CUDA GEMM "
+                                                    "kernels; zion prices each op from the platform model"),
+               f"torch.cuda.tunable.{name} (error)")
     for name in _CUDA_ONLY_NCCL:
         _patch(torch.cuda.nccl, name, _cuda_only(f"torch.cuda.nccl.{name}", "use torch.distributed with the 'nccl' "
                                                  "backend name, which cuda-compat maps to 'zion'"),
@@ -499,7 +745,8 @@ class _CudaModule(types.ModuleType):
 
     @property
     def default_generators(self) -> tuple[torch.Generator, ...]:
-        return torch.zion.default_generators
+        generators = torch.zion.default_generators
+        return generators if _visible is None else tuple(generators[:_cuda_device_count()])
 
 
 def _patch_cuda_module() -> None:
@@ -730,18 +977,26 @@ def _patch_profiler() -> None:
 
 
 def enable() -> CompatReport:
-    """Maps CUDA to the zion device in this process (idempotent); returns the
-    report of what was remapped, which fills as the script runs."""
+    """Maps CUDA to the zion device in this process and the processes it
+    starts (idempotent); returns the report of what was remapped, which fills
+    as the script runs. ValueError for a CUDA_VISIBLE_DEVICES it cannot honour."""
     global _enabled
     if _enabled:
         return _report
     import zion_emu  # noqa: F401  (registers the zion device and backend)
 
+    global _visible, _visible_value
+    value = os.environ.get(VISIBLE_ENV)
+    if value is not None:
+        _visible = _parse_visible(value, torch.zion.device_count())  # before anything is patched
+        _visible_value = value
+    os.environ[ENV] = "1"
     _patch_devices()
     _patch_cuda_module()
     _patch_cuda_only()
     _patch_amp()
     _patch_distributed()
     _patch_profiler()
+    _patch_nvtx_and_cuda_profiler()
     _enabled = True
     return _report
