@@ -43,9 +43,10 @@ _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROU
 def child_env(**overrides: str | None) -> dict[str, str]:
     """The environment of a child: this one with the checkout first on
     PYTHONPATH, the ranks talking over loopback, and no ZION_PLATFORM nor rank
-    variables unless given. ``NAME=None`` removes NAME."""
+    variables unless given, nor cuda-compat's (ZION_CUDA_COMPAT, and
+    CUDA_VISIBLE_DEVICES, which a machine's CI may set). ``NAME=None`` removes NAME."""
     env = dict(os.environ)
-    for name in ("ZION_PLATFORM", *_RANK_VARIABLES):
+    for name in ("ZION_PLATFORM", "ZION_CUDA_COMPAT", "CUDA_VISIBLE_DEVICES", *_RANK_VARIABLES):
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env["GLOO_SOCKET_IFNAME"] = "lo"

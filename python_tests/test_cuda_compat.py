@@ -639,7 +639,8 @@ def worker(gpu, n, store):  # pytorch/examples' ImageNet pattern
     dist.init_process_group("nccl", init_method="file://" + store, world_size=n, rank=gpu)
     t = torch.ones(2, device="cuda") * (gpu + 1)
     dist.all_reduce(t)
-    print("rank", gpu, t.tolist(), t.device, dist.get_backend(), flush=True)
+    sys.stdout.write(f"rank {gpu} {t.tolist()} {t.device} {dist.get_backend()}\\n")  # one write: the ranks share stdout
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 if __name__ == "__main__":

@@ -79,6 +79,19 @@ def test_stopping_keeps_what_was_recorded_and_records_nothing_more():
     """)
 
 
+def test_recording_the_state_keeps_the_segments_and_no_trace():
+    # enabled="state", as torch.cuda's: what is alive, without the trace of events (it recorded the trace).
+    run_python("""
+        import torch, zion_emu
+        torch.zion.memory._record_memory_history(enabled="state")
+        a, b = torch.empty(1000, device="zion"), torch.empty(2000, device="zion:1")
+        del b
+        snap = torch.zion.memory._snapshot()
+        assert all(trace == [] for trace in snap["device_traces"])
+        assert [(s["device"], s["total_size"]) for s in snap["segments"]] == [(0, 4000)]
+    """)
+
+
 def test_cuda_compat_forms_are_zions():
     run_python("""
         import torch, zion_emu.cuda_compat

@@ -50,7 +50,8 @@ def _record_memory_history_current(enabled: Literal["state", "all"] | None = "al
                                    stacks: Literal["python", "all"] = "all",
                                    max_entries: int = DEFAULT_MAX_ENTRIES, device: Any = None,
                                    clear_history: bool = False) -> None:
-    """Starts (``enabled="all"`` or ``"state"``) or stops (``None``) recording
+    """Starts (``enabled="all"``, or ``"state"``: the segments alive without a
+    trace of events) or stops (``None``) recording
     every HBM allocation, free and out-of-memory error of every zion device,
     with the Python stack that made it (``context=None``: no stacks; zion
     has no C++ frames worth showing, so ``stacks="all"`` is ``"python"``).
@@ -64,18 +65,29 @@ def _record_memory_history_current(enabled: Literal["state", "all"] | None = "al
         raise ValueError(f"zion: _record_memory_history(stacks={stacks!r}): allowed are 'python' and 'all'")
     if not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"zion: _record_memory_history(max_entries={max_entries!r}): must be a positive int")
+    global _with_trace
     if clear_history:
         _native.record_history(False, 0, False)
         _native.record_history(False, max_entries + 1, False)  # a new size drops what was kept
     _native.record_history(enabled is not None, max_entries, context is not None)
+    if enabled is not None:
+        _with_trace = enabled == "all"
+
+
+# "state" keeps what is alive (the segments, with their stacks) and no trace of events, as torch.cuda's does.
+_with_trace = True
 
 
 def _snapshot(device: Any = None) -> dict[str, Any]:
     """``{"segments": [...], "device_traces": [[...] per device], ...}`` as
     torch.cuda.memory._snapshot() returns. Segments are the allocations
     made while recording that are still alive (tensors allocated before
-    recording started are counted by memory_allocated() but not listed)."""
-    return _native.snapshot()
+    recording started are counted by memory_allocated() but not listed).
+    Recording started with ``enabled="state"`` has empty device traces."""
+    snapshot = _native.snapshot()
+    if not _with_trace:
+        snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
+    return snapshot
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
