@@ -624,21 +624,8 @@ class CpuKernelsFirst {
  public:
   CpuKernelsFirst() : library_(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__) {
     register_fast_kernels(library_);
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-        continue;
-      }
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-        continue;
-      }
-      std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-      library_.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+    for (const std::string& name : ops_with_their_own_cpu_kernel(c10::DispatchKey::CPU, c10::DispatchKey::PrivateUse1)) {
+      library_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
     }
     // Generic kernels that call a device-typed kernel stub or check the
     // device type themselves (conj_physical_ of a complex tensor; mode's out=

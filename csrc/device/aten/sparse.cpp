@@ -34,6 +34,7 @@
 #include <string>
 
 #include "device/aten/op_pricing.h"
+#include "device/aten/operator_facts.h"
 #include "device/runtime/runtime.h"
 #include "device/aten/sparse.h"
 #include "device/aten/tensor_alias.h"
@@ -570,22 +571,10 @@ class SparseCpuKernelsFirst {
       : library_(torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__) {
     static const std::set<std::string> kept = {"aten::copy_", "aten::empty_like", "aten::clone", "aten::_pin_memory",
                                                "aten::is_pinned", "aten::zeros.out"};
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::SparsePrivateUse1) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::SparseCPU)) {
-        continue;
-      }
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
-        continue;
-      }
-      std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-      if (kept.count(full)) continue;
-      library_.impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
+    for (const std::string& name :
+         ops_with_their_own_cpu_kernel(c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1)) {
+      if (kept.count(name)) continue;
+      library_.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_fallback>());
     }
   }
 
