@@ -123,6 +123,39 @@ def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_price
     assert timing == real
 
 
+def test_convolutions_forward_and_backward_are_priced_and_laid_out_as_in_real_mode():
+    # Every convolution failed in timing-only mode: zion's own convolution kernels made CPU aliases of
+    # storage-less tensors.
+    code = """
+        import json, torch, zion_emu
+        import torch.nn.functional as F
+        out = {}
+        x = torch.empty(4, 4, 12, 12, device="zion").uniform_().requires_grad_()
+        w = torch.empty(8, 2, 3, 3, device="zion").uniform_().requires_grad_()
+        b = torch.empty(8, device="zion").uniform_().requires_grad_()
+        wt = torch.empty(4, 3, 3, 3, device="zion").uniform_().requires_grad_()
+        xl = torch.empty(4, 4, 12, 12, device="zion").uniform_().to(memory_format=torch.channels_last).requires_grad_()
+        cases = {"grouped, strided, bias": lambda: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
+                 "channels_last": lambda: F.conv2d(xl, w, groups=2),
+                 "transposed": lambda: F.conv_transpose2d(x, wt, stride=2),
+                 "1d": lambda: F.conv1d(x[:, :, 0], w[:, :, 0], groups=2)}
+        for name, conv in cases.items():
+            y = conv()
+            y.sum().backward()
+            out[name] = [list(y.shape), list(y.stride())] + [[list(t.grad.shape), list(t.grad.stride())]
+                                                             for t in (x, xl, w, b, wt) if t.grad is not None]
+            x.grad = xl.grad = w.grad = b.grad = wt.grad = None
+        torch.zion.synchronize()
+        out["clock"] = zion_emu.clock()
+        out["peak"] = torch.zion.max_memory_allocated(0)
+        out["priced"] = zion_emu._C.device.priced_ops()
+        print(json.dumps(out))
+    """
+    real = _last_json(_run(code, "real").stdout)
+    timing = _last_json(_run(code, "timing").stdout)
+    assert timing == real
+
+
 def test_embedding_bag_offsets_give_the_real_integer_results():
     done = _run("""
         import torch, zion_emu
