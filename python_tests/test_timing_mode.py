@@ -398,6 +398,25 @@ def test_reading_a_float_gives_a_placeholder_warned_once_per_call_site_and_count
     assert done.stderr.count("zion timing-only: item() read the value of a storage-less") == 2
 
 
+def test_printing_a_storage_less_tensor_shows_placeholders_on_its_device():
+    # print(loss) raised: torch's formatter masks the values (masked_select) to choose its number format.
+    done = _run("""
+        import json, torch, zion_emu
+        loss = torch.randn(4, device="zion:1").square().mean()
+        print(loss)
+        print(torch.ones(2, 3, device="zion"))  # made by a fill: storage-less too
+        print(repr(torch.arange(3, device="zion")))  # integers stay real
+        print(json.dumps(zion_emu.placeholder_reads()))
+    """, "timing")
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "tensor(0., device='zion:1')"
+    assert lines[1:3] == ["tensor([[0., 0., 0.],", "        [0., 0., 0.]], device='zion:0')"]
+    assert lines[3] == "tensor([0, 1, 2], device='zion:0')"
+    reads = {(r["site"].rsplit(":", 1)[1], r["what"]) for r in json.loads(lines[4])}
+    assert reads == {("4", "a copy to host memory (.cpu(), .tolist(), printing)"),
+                     ("5", "a copy to host memory (.cpu(), .tolist(), printing)")}
+
+
 def test_initializing_and_loading_storage_less_parameters_is_charged_not_computed():
     done = _run("""
         import io, json, torch, zion_emu

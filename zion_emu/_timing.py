@@ -84,3 +84,25 @@ def prefer_cpp_meta() -> int:
             restored += 1
     registrations._meta_lib_dont_use_me_use_register_meta = again
     return len(registered) - restored
+
+
+def install_placeholder_printing() -> None:
+    """Printing a storage-less zion tensor (``print(loss)``) shows placeholders, as
+    reading it does: torch's formatter picks its number format with
+    ``masked_select`` over the values, whose result's shape needs them."""
+    import torch._tensor_str as tensor_str
+
+    from zion_emu import _C
+
+    original = tensor_str._tensor_str
+    if getattr(original, "_zion_placeholders", False):
+        return
+
+    def _tensor_str(self: torch.Tensor, indent: int) -> str:
+        if self.device.type == "zion" and _C.device.is_storage_less(self):
+            self = self.cpu()  # zeros; the read is counted and warned per call site
+        return original(self, indent)
+
+    _tensor_str._zion_placeholders = True  # type: ignore[attr-defined]
+    tensor_str._tensor_str = _tensor_str
+
