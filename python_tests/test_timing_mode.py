@@ -156,6 +156,22 @@ def test_convolutions_forward_and_backward_are_priced_and_laid_out_as_in_real_mo
     assert timing == real
 
 
+def test_composite_ops_with_bool_or_integer_results_over_floats_run_as_in_real_mode():
+    # "resized a real argument from its Meta kernel": the op made an empty bool or int64 result (real in
+    # timing-only mode), and its out= form's Meta kernel grew it.
+    code = """
+        import json, torch, zion_emu
+        x = torch.empty(8, 6, device="zion").uniform_()
+        results = [x.logical_not(), *x.median(1), *x.kthvalue(2, 1), torch.isnan(x).logical_not()]
+        torch.zion.synchronize()
+        print(json.dumps({"results": [[list(t.shape), str(t.dtype)] for t in results], "clock": zion_emu.clock(),
+                          "peak": torch.zion.max_memory_allocated(0), "priced": zion_emu._C.device.priced_ops()}))
+    """
+    real = _last_json(_run(code, "real").stdout)
+    timing = _last_json(_run(code, "timing").stdout)
+    assert timing == real
+
+
 def test_embedding_bag_offsets_give_the_real_integer_results():
     done = _run("""
         import torch, zion_emu

@@ -119,13 +119,14 @@ struct MetaCall {
     return std::move(v);
   }
 
-  // The zion storage behind a meta storage, grown (storage-less) if the kernel resized it.
+  // The zion storage behind a meta storage, grown (storage-less) if the kernel
+  // resized it. A real one grown so (an out= result that a composite op made
+  // empty, as logical_not, median and kthvalue do: bool and integer results
+  // stay real) takes values computed from storage-less ones: it is storage-less too.
   const c10::Storage* zion_storage(c10::StorageImpl* m) {
     for (auto& [k, z] : zion_of) {
       if (k != m) continue;
       if (m->nbytes() > z.nbytes()) {
-        TORCH_CHECK(is_storage_less(z), "zion timing-only: ", op.schema().operator_name(),
-                    " resized a real argument from its Meta kernel");
         z.unsafeGetStorageImpl()->set_data_ptr_noswap(allocator().allocate_storage_less(device, m->nbytes()));
         z.unsafeGetStorageImpl()->set_nbytes(m->nbytes());
       }
