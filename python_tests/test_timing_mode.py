@@ -172,6 +172,39 @@ def test_composite_ops_with_bool_or_integer_results_over_floats_run_as_in_real_m
     assert timing == real
 
 
+def test_batch_norm_in_and_out_of_training_is_accounted_as_in_real_mode():
+    # Out of training the Meta kernel gave a saved mean and inverse deviation per channel, the CPU none:
+    # peak HBM and the op's bytes differed.
+    code = """
+        import json, torch, zion_emu
+        out = {}
+        for name, bn, x in [("1d", torch.nn.BatchNorm1d(256), torch.empty(32, 256)),
+                            ("2d, channels_last", torch.nn.BatchNorm2d(16),
+                             torch.empty(8, 16, 6, 6).to(memory_format=torch.channels_last))]:
+            bn, x = bn.to("zion"), x.to("zion")
+            for training in (True, False):
+                bn.train(training)
+                torch.zion.synchronize()
+                torch.zion.reset_peak_memory_stats()
+                start = torch.zion.memory_allocated()
+                with torch.no_grad():
+                    y = bn(x)
+                    saved = torch.ops.aten.native_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                                             training, 0.1, 1e-5)
+                out[f"{name} {training}"] = [list(y.stride()), [list(t.shape) for t in saved],
+                                             torch.zion.max_memory_allocated() - start]
+        torch.zion.synchronize()
+        out["clock"] = zion_emu.clock()
+        out["bytes"] = zion_emu.counters(0).bytes
+        out["priced"] = zion_emu._C.device.priced_ops()
+        print(json.dumps(out))
+    """
+    real = _last_json(_run(code, "real").stdout)
+    timing = _last_json(_run(code, "timing").stdout)
+    assert real["1d False"][1] == [[32, 256], [0], [0]]
+    assert timing == real
+
+
 def test_embedding_bag_offsets_give_the_real_integer_results():
     done = _run("""
         import torch, zion_emu

@@ -416,6 +416,9 @@ struct TimingFacts {
   bool embedding_bag = false;
   bool data_dependent = false;
   ShapeRule shape_rule = ShapeRule::kNone;
+  // native_batch_norm's `training` argument (5), or -2 for
+  // _native_batch_norm_legit_no_training; -1 for any other op.
+  int batch_norm_training_arg = -1;
   int pin_memory_arg = -1;
   c10::SmallVector<int, 2> index_args;
 };
@@ -426,6 +429,10 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
   f.embedding_bag = is_embedding_bag_family(schema.name());
   f.data_dependent = is_data_dependent(schema.name());
   f.shape_rule = shape_rule_of(schema);
+  if (schema.name() == "aten::native_batch_norm" && schema.overload_name().empty()) f.batch_norm_training_arg = 5;
+  if (schema.name() == "aten::_native_batch_norm_legit_no_training" && schema.overload_name().empty()) {
+    f.batch_norm_training_arg = -2;
+  }
   const auto& arguments = schema.arguments();
   for (size_t i = 0; i < arguments.size(); ++i) {
     if (arguments[i].name() == "pin_memory") f.pin_memory_arg = static_cast<int>(i);
@@ -452,6 +459,8 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     check_no_storage_less_index(schema, args[i], schema.arguments()[static_cast<size_t>(i)].name());
   }
   if (facts.pin_memory_arg >= 0) args[facts.pin_memory_arg] = c10::IValue();
+  const bool batch_norm_eval = facts.batch_norm_training_arg == -2 ||
+                               (facts.batch_norm_training_arg >= 0 && !args[facts.batch_norm_training_arg].toBool());
   for (size_t i = 0; i < num_args; ++i) {
     if (static_cast<int>(i) == facts.pin_memory_arg) continue;
     c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
@@ -466,6 +475,11 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                   " read a storage-less tensor and has no Meta kernel to give its results' shapes, "
                                   "so timing-only mode cannot run it (", e.what_without_backtrace(), ")");
     }
+  }
+  if (batch_norm_eval) {
+    // Out of training the CPU kernel saves no mean and inverse deviation: it
+    // returns them empty, where the Meta kernel gives one of each per channel.
+    for (auto it = stack->end() - 2; it != stack->end(); ++it) *it = at::empty({0}, it->toTensor().options());
   }
   // Written arguments take the new metadata the kernel gave their aliases.
   for (auto& [a, z] : call.arg_of) {
