@@ -205,6 +205,21 @@ def test_batch_norm_in_and_out_of_training_is_accounted_as_in_real_mode():
     assert timing == real
 
 
+def test_an_op_without_a_cpu_kernel_is_refused_in_both_modes():
+    # nn.LSTM ran in timing-only mode, priced by the default guess, where real mode refuses its fused cell.
+    code = """
+        import torch, zion_emu
+        lstm = torch.nn.LSTM(8, 16, batch_first=True).to("zion")
+        try:
+            lstm(torch.randn(2, 5, 8, device="zion"))
+        except NotImplementedError as e:
+            print(e)
+    """
+    for mode in ("real", "timing"):
+        assert ("zion: operator aten::_thnn_fused_lstm_cell is not supported on zion: zion runs each op through its "
+                "CPU kernel, and this op has none") in _run(code, mode).stdout
+
+
 def test_embedding_bag_offsets_give_the_real_integer_results():
     done = _run("""
         import torch, zion_emu

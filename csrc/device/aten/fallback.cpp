@@ -340,10 +340,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       // The CPU has no kernel for it (a CUDA-only op such as flash attention):
       // say so in zion's words rather than "could not run ... on 'CPU'".
       if (std::string(e.what()).find("from the 'CPU' backend") == std::string::npos) throw;
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "zion: operator ", schema.operator_name(),
-                                  " is not supported on zion: zion runs each op through its CPU kernel, and this op "
-                                  "has none (it exists only for other backends, such as CUDA). Use an op with a CPU "
-                                  "kernel, or move the tensors to a device that has this one.");
+      refuse_op_without_cpu_kernel(schema.operator_name());
     }
 
     call.aliases.commit();

@@ -421,6 +421,9 @@ struct TimingFacts {
   int batch_norm_training_arg = -1;
   int pin_memory_arg = -1;
   c10::SmallVector<int, 2> index_args;
+  // Whether the CPU has a kernel for it (its own or a generic one): real mode
+  // refuses an op it has none for, and so must this mode.
+  bool runs_on_cpu = true;
 };
 
 TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
@@ -429,6 +432,10 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
   f.embedding_bag = is_embedding_bag_family(schema.name());
   f.data_dependent = is_data_dependent(schema.name());
   f.shape_rule = shape_rule_of(schema);
+  f.runs_on_cpu = op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
   if (schema.name() == "aten::native_batch_norm" && schema.overload_name().empty()) f.batch_norm_training_arg = 5;
   if (schema.name() == "aten::_native_batch_norm_legit_no_training" && schema.overload_name().empty()) {
     f.batch_norm_training_arg = -2;
@@ -448,6 +455,7 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     embedding_bag_without_bytes(op, stack);
     return;
   }
+  if (!facts.runs_on_cpu) refuse_op_without_cpu_kernel(schema.operator_name());
   TORCH_CHECK(!facts.data_dependent, "zion timing-only: ", schema.operator_name(),
               " needs the values of a storage-less tensor (the shape of its result depends on them), which "
               "timing-only mode does not keep. Integer and bool tensors made from real data (indices, offsets, "
@@ -494,6 +502,13 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (it->isTensor() && it->toTensor().defined()) outputs.push_back(it->toTensor());
   }
   charge_op(op, call.device, call.inputs, outputs);
+}
+
+void refuse_op_without_cpu_kernel(const c10::OperatorName& name) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "zion: operator ", name,
+                              " is not supported on zion: zion runs each op through its CPU kernel, and this op "
+                              "has none (it exists only for other backends, such as CUDA). Use an op with a CPU "
+                              "kernel, or move the tensors to a device that has this one.");
 }
 
 at::Scalar placeholder_scalar(const at::Tensor& t, const char* what) {

@@ -47,6 +47,8 @@ void make_storage_less(const at::Tensor& t);
 bool has_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::Stack* stack);
 // Runs and prices the op without host bytes (see above).
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The error for an op the CPU has no kernel for (CUDA-only ops), in either mode.
+[[noreturn]] void refuse_op_without_cpu_kernel(const c10::OperatorName& name);
 
 // The embedding-bag family (timing_embedding_bag.cpp): _embedding_bag and its
 // backward ops, whose integer results timing-only mode computes for real.
