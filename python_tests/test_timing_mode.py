@@ -50,6 +50,22 @@ def _last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+# The end of a script run in both modes: its dict `out`, with the modeled clock, peak HBM and priced ops.
+_REPORT_OUT = """
+torch.zion.synchronize()
+out["clock"] = zion_emu.clock()
+out["peak"] = torch.zion.max_memory_allocated(0)
+out["priced"] = zion_emu._C.device.priced_ops()
+print(json.dumps(out))
+"""
+
+
+def _in_both_modes(code: str) -> tuple[dict, dict]:
+    """What the script (which fills a dict `out`) reports in real and in timing-only mode."""
+    code = textwrap.dedent(code) + _REPORT_OUT
+    return _last_json(_run(code, "real").stdout), _last_json(_run(code, "timing").stdout)
+
+
 def test_mode_is_real_by_default_and_timing_from_the_environment():
     code = "import zion_emu, torch; torch.empty(1, device='zion'); print(zion_emu.mode())"
     assert run_python(code, env=child_env(ZION_MODE=None)).stdout.split()[-1] == "real"
@@ -111,14 +127,8 @@ def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_price
             grad = torch.ops.aten.binary_cross_entropy_backward(torch.ones((), device="zion"), p, ones, None, 1)
             out[name] = [[list(t.shape), list(t.stride()), t.untyped_storage().nbytes(), str(t.dtype)]
                          for t in (r, o, b, loss, bce, grad)]
-        torch.zion.synchronize()
-        out["clock"] = zion_emu.clock()
-        out["peak"] = torch.zion.max_memory_allocated(0)
-        out["priced"] = zion_emu._C.device.priced_ops()
-        print(json.dumps(out))
     """
-    real = _last_json(_run(code, "real").stdout)
-    timing = _last_json(_run(code, "timing").stdout)
+    real, timing = _in_both_modes(code)
     assert timing["transposed"][1][1] == [5, 1]  # the CPU kernel's contiguous result
     assert timing == real
 
@@ -145,14 +155,8 @@ def test_convolutions_forward_and_backward_are_priced_and_laid_out_as_in_real_mo
             out[name] = [list(y.shape), list(y.stride())] + [[list(t.grad.shape), list(t.grad.stride())]
                                                              for t in (x, xl, w, b, wt) if t.grad is not None]
             x.grad = xl.grad = w.grad = b.grad = wt.grad = None
-        torch.zion.synchronize()
-        out["clock"] = zion_emu.clock()
-        out["peak"] = torch.zion.max_memory_allocated(0)
-        out["priced"] = zion_emu._C.device.priced_ops()
-        print(json.dumps(out))
     """
-    real = _last_json(_run(code, "real").stdout)
-    timing = _last_json(_run(code, "timing").stdout)
+    real, timing = _in_both_modes(code)
     assert timing == real
 
 
