@@ -209,6 +209,66 @@ def test_batch_norm_in_and_out_of_training_is_accounted_as_in_real_mode():
     assert timing == real
 
 
+def test_real_masks_and_selections_by_float_values_run_as_in_real_mode():
+    # A real mask over storage-less floats (logits[labels != -100], masked_select) was refused, and so was
+    # the backward of ops that select by float values (max pooling, topk, sort, max(dim)): their indices
+    # are computed from floats, yet only say where unknown gradients go.
+    code = """
+        import json, torch, zion_emu
+        import torch.nn.functional as F
+        out = {}
+        logits = torch.empty(6, 5, device="zion").uniform_().requires_grad_()
+        labels = torch.tensor([1, -100, 3, -100, 0, 2], device="zion")
+        keep = labels != -100
+        picked = logits[keep]
+        F.cross_entropy(picked, labels[keep]).backward()
+        both = logits[keep.cpu(), 1:3]
+        selected = torch.masked_select(logits, keep[:, None])
+        selected.sum().backward()
+        x = torch.empty(2, 3, 8, 8, device="zion").uniform_().requires_grad_()
+        v = torch.empty(7, 9, device="zion").uniform_().requires_grad_()
+        (F.max_pool2d(x, 2).sum() + v.topk(3, dim=1).values.sum() + v.sort(0).values.sum()
+         + v.max(1).values.sum()).backward()
+        out["shapes"] = [list(t.shape) for t in (picked, both, selected, logits.grad, x.grad, v.grad)]
+    """
+    real, timing = _in_both_modes(code)
+    assert real["shapes"] == [[4, 5], [4, 2], [20], [6, 5], [2, 3, 8, 8], [7, 9]]
+    assert timing == real
+
+
+def test_a_mask_computed_from_storage_less_floats_is_a_clear_error_naming_the_op():
+    done = _run("""
+        import torch, zion_emu
+        x = torch.randn(10, device="zion")
+        x[x > 0]
+    """, "timing", check=False)
+    assert done.returncode != 0
+    assert "aten::index.Tensor uses a storage-less Bool tensor as its 'indices'" in done.stderr
+    assert "which elements a mask selects needs real values" in done.stderr
+
+
+def test_a_real_tensor_written_with_values_from_storage_less_ones_loses_its_stale_values():
+    # `counts.add_(f.long())` kept the real tensor's old values: a silent wrong answer.
+    done = _run("""
+        import json, torch, zion_emu
+        from zion_emu import _C
+        f = torch.randn(4, device="zion")
+        whole = torch.ones(4, dtype=torch.long, device="zion")
+        whole.add_(f.long())
+        flags = torch.ones(4, dtype=torch.bool, device="zion")
+        torch.logical_and(flags, f > 0, out=flags)
+        part = torch.ones(6, dtype=torch.long, device="zion")
+        part[:3].add_(f[:3].long())
+        print(json.dumps({"storage_less": [_C.device.is_storage_less(t) for t in (whole, flags, part)],
+                          "part": part.tolist(),
+                          "reads": [r["what"] for r in zion_emu.placeholder_reads()]}))
+    """, "timing")
+    result = _last_json(done.stdout)
+    assert result["storage_less"] == [True, True, False]
+    assert result["part"] == [0, 0, 0, 1, 1, 1]
+    assert "an op writing into part of a real zion tensor" in result["reads"]
+
+
 def test_an_op_without_a_cpu_kernel_is_refused_in_both_modes():
     # nn.LSTM ran in timing-only mode, priced by the default guess, where real mode refuses its fused cell.
     code = """

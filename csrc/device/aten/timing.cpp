@@ -1,7 +1,9 @@
 #include "device/aten/timing.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/clamp_min_ops.h>
+#include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/TensorImpl.h>
@@ -170,13 +172,39 @@ bool is_index_argument(const std::string& name) {
   return name == "index" || name == "indices" || name == "offsets" || name == "lengths" || name == "repeats";
 }
 
-void check_no_storage_less_index(const c10::FunctionSchema& schema, const c10::IValue& v, const std::string& name) {
+bool is_mask(const at::Tensor& t) { return t.scalar_type() == c10::kBool || t.scalar_type() == c10::kByte; }
+bool is_float(const at::Tensor& t) { return c10::isFloatingType(t.scalar_type()) || c10::isComplexType(t.scalar_type()); }
+
+// Whether every tensor argument of the op other than its indices is
+// floating-point: then an index computed from storage-less floats only says
+// where unknown values go or come from (the backward of max, topk, sort and
+// max pooling scatters gradients by such indices), and the results' shapes
+// and price do not depend on it.
+bool indexes_only_floats(const c10::FunctionSchema& schema, const torch::jit::Stack* stack,
+                         c10::ArrayRef<int> index_args) {
+  const size_t n = schema.arguments().size();
+  for (size_t i = 0; i < n; ++i) {
+    if (std::find(index_args.begin(), index_args.end(), static_cast<int>(i)) != index_args.end()) continue;
+    const c10::IValue& v = (*stack)[stack->size() - n + i];
+    if (v.isTensor() && v.toTensor().defined() && !is_float(v.toTensor())) return false;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) if (!is_float(t)) return false;
+    }
+  }
+  return true;
+}
+
+// `positions_only`: a storage-less integer index is accepted (see indexes_only_floats).
+void check_no_storage_less_index(const c10::FunctionSchema& schema, const c10::IValue& v, const std::string& name,
+                                 bool positions_only) {
   auto check = [&](const at::Tensor& t) {
-    TORCH_CHECK(!(is_storage_less(t) && !c10::isFloatingType(t.scalar_type()) && !c10::isComplexType(t.scalar_type())),
-                "zion timing-only: ", schema.operator_name(), " uses a storage-less ", t.scalar_type(),
+    if (!is_storage_less(t) || is_float(t) || (positions_only && !is_mask(t))) return;
+    TORCH_CHECK(false, "zion timing-only: ", schema.operator_name(), " uses a storage-less ", t.scalar_type(),
                 " tensor as its '", name, "'; its values were computed from storage-less floats, so they are not "
-                "known in timing-only mode, and an index needs real values. Compute indices from integer "
-                "tensors (which stay real), or run in real mode");
+                "known in timing-only mode, and ",
+                is_mask(t) ? "which elements a mask selects" : "an index into integer or bool tensors",
+                " needs real values. Compute indices and masks from integer tensors (which stay real), or run in "
+                "real mode");
   };
   if (v.isTensor()) {
     check(v.toTensor());
@@ -185,6 +213,52 @@ void check_no_storage_less_index(const c10::FunctionSchema& schema, const c10::I
       if (e.isTensor()) check(e.toTensor());
     }
   }
+}
+
+// A real mask (bool or uint8) on the host or on zion, as a CPU tensor that
+// reads its bytes; undefined for anything else.
+at::Tensor real_mask(const c10::IValue& v) {
+  if (!v.isTensor()) return at::Tensor();
+  const at::Tensor& t = v.toTensor();
+  if (!t.defined() || !is_mask(t) || is_storage_less(t)) return at::Tensor();
+  return t.device().is_privateuseone() ? cpu_alias(t) : t;
+}
+
+// index.Tensor of a storage-less tensor by real masks: as the CPU kernel
+// does, each mask of k dimensions stands for the k index vectors of its
+// nonzero elements, whose length is the number of its true elements; the
+// Meta kernel, which cannot count them, gets those (as meta tensors). The
+// op is priced with the masks, as real mode prices it. `converted` is the
+// argument after MetaCall::convert; `masks` the real masks by position.
+c10::IValue indices_for_masks(const c10::IValue& converted, const std::vector<at::Tensor>& masks) {
+  c10::List<std::optional<at::Tensor>> out;
+  const auto list = converted.toList();
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i < masks.size() && masks[i].defined()) {
+      const int64_t count = masks[i].count_nonzero().item<int64_t>();
+      for (int64_t d = 0; d < masks[i].dim(); ++d) {
+        out.push_back(at::empty({count}, at::TensorOptions().device(c10::kMeta).dtype(c10::kLong)));
+      }
+    } else {
+      const c10::IValue e = list.get(i);
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(e.toTensor()) : std::nullopt);
+    }
+  }
+  return out;
+}
+
+at::Tensor first_storage_less_argument(const c10::OperatorHandle& op, const torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(n); it != stack->end(); ++it) {
+    if (it->isTensor() && is_storage_less(it->toTensor())) return it->toTensor();
+    if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) if (is_storage_less(t)) return t;
+    }
+    if (it->isList()) {
+      for (const c10::IValue& e : it->toListRef()) if (e.isTensor() && is_storage_less(e.toTensor())) return e.toTensor();
+    }
+  }
+  return at::Tensor();
 }
 
 // Ops whose results' shapes depend on their inputs' values: no Meta kernel
@@ -421,6 +495,15 @@ struct TimingFacts {
   int batch_norm_training_arg = -1;
   int pin_memory_arg = -1;
   c10::SmallVector<int, 2> index_args;
+  // Whether its indices may be storage-less integers where the op's other
+  // tensors are floats (an aten op, not sparse, whose only index arguments
+  // are 'index' or 'indices'; see indexes_only_floats).
+  bool positions_only_index = false;
+  // index.Tensor (and its out= form): real masks among the indices;
+  // masked_select: a real mask.
+  enum class Mask : uint8_t { kNone, kIndex, kMaskedSelect } mask = Mask::kNone;
+  // The arguments it writes (in place, out=).
+  c10::SmallVector<int, 2> written_args;
   // Whether the CPU has a kernel for it (its own or a generic one): real mode
   // refuses an op it has none for, and so must this mode.
   bool runs_on_cpu = true;
@@ -440,10 +523,20 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
   if (schema.name() == "aten::_native_batch_norm_legit_no_training" && schema.overload_name().empty()) {
     f.batch_norm_training_arg = -2;
   }
+  if (schema.name() == "aten::index" && (schema.overload_name() == "Tensor" || schema.overload_name() == "Tensor_out")) {
+    f.mask = TimingFacts::Mask::kIndex;
+  }
+  if (schema.name() == "aten::masked_select" && schema.overload_name().empty()) f.mask = TimingFacts::Mask::kMaskedSelect;
   const auto& arguments = schema.arguments();
+  f.positions_only_index = schema.name().rfind("aten::", 0) == 0 && schema.name().find("sparse") == std::string::npos;
   for (size_t i = 0; i < arguments.size(); ++i) {
-    if (arguments[i].name() == "pin_memory") f.pin_memory_arg = static_cast<int>(i);
-    if (is_index_argument(arguments[i].name())) f.index_args.push_back(static_cast<int>(i));
+    const std::string& name = arguments[i].name();
+    if (name == "pin_memory") f.pin_memory_arg = static_cast<int>(i);
+    if (is_index_argument(name)) {
+      f.index_args.push_back(static_cast<int>(i));
+      if (name != "index" && name != "indices") f.positions_only_index = false;
+    }
+    if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite()) f.written_args.push_back(static_cast<int>(i));
   }
   return f;
 }
@@ -456,16 +549,49 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   if (!facts.runs_on_cpu) refuse_op_without_cpu_kernel(schema.operator_name());
-  TORCH_CHECK(!facts.data_dependent, "zion timing-only: ", schema.operator_name(),
+  const size_t num_args = schema.arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
+  // masked_select by a real mask: its result's length is the mask's count
+  // over the broadcast shape, as the CPU kernel selects.
+  int64_t selected = -1;
+  if (facts.mask == TimingFacts::Mask::kMaskedSelect) {
+    const at::Tensor mask = real_mask(args[1]);
+    if (mask.defined()) {
+      const at::Tensor& self = args[0].toTensor();
+      selected = mask.expand(at::infer_size(self.sizes(), mask.sizes())).count_nonzero().item<int64_t>();
+    }
+  }
+  std::vector<at::Tensor> masks;
+  if (facts.mask == TimingFacts::Mask::kIndex) {
+    bool any = false;
+    for (const c10::IValue& e : args[1].toListRef()) {
+      masks.push_back(real_mask(e));
+      any = any || (masks.back().defined() && masks.back().dim() > 0);
+      if (masks.back().defined() && masks.back().dim() == 0) masks.back() = at::Tensor();  // the Meta kernel's own case
+    }
+    if (!any) masks.clear();
+  }
+  TORCH_CHECK(!facts.data_dependent || selected >= 0, "zion timing-only: ", schema.operator_name(),
               " needs the values of a storage-less tensor (the shape of its result depends on them), which "
               "timing-only mode does not keep. Integer and bool tensors made from real data (indices, offsets, "
               "lengths, masks) stay real; this one was computed from storage-less floats");
-  const size_t num_args = schema.arguments().size();
   MetaCall call{op};
-  auto args = stack->end() - static_cast<std::ptrdiff_t>(num_args);
-  for (int i : facts.index_args) {
-    check_no_storage_less_index(schema, args[i], schema.arguments()[static_cast<size_t>(i)].name());
+  if (!facts.index_args.empty()) {
+    const bool positions_only = facts.positions_only_index && indexes_only_floats(schema, stack, facts.index_args);
+    for (int i : facts.index_args) {
+      check_no_storage_less_index(schema, args[i], schema.arguments()[static_cast<size_t>(i)].name(), positions_only);
+    }
   }
+  // Real zion tensors the op writes: their new values are computed from storage-less ones (below).
+  c10::SmallVector<at::Tensor, 2> written;
+  for (int i : facts.written_args) {
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined() && t.device().is_privateuseone() && !is_storage_less(t)) written.push_back(t);
+    };
+    if (args[i].isTensor()) add(args[i].toTensor());
+    if (args[i].isTensorList()) for (const at::Tensor& t : args[i].toTensorList()) add(t);
+  }
+  const at::Tensor unknown = written.empty() ? at::Tensor() : first_storage_less_argument(op, stack);
   if (facts.pin_memory_arg >= 0) args[facts.pin_memory_arg] = c10::IValue();
   const bool batch_norm_eval = facts.batch_norm_training_arg == -2 ||
                                (facts.batch_norm_training_arg >= 0 && !args[facts.batch_norm_training_arg].toBool());
@@ -475,7 +601,12 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     v = call.convert(std::move(v));
   }
   if (call.device < 0) call.device = current_device();
-  if (!run_cpu_shape_rule(facts.shape_rule, num_args, stack)) {
+  if (!masks.empty()) args[1] = indices_for_masks(args[1], masks);
+  if (selected >= 0) {
+    const c10::ScalarType dtype = args[0].toTensor().scalar_type();
+    torch::jit::drop(*stack, num_args);
+    stack->emplace_back(at::empty({selected}, at::TensorOptions().device(c10::kMeta).dtype(dtype)));
+  } else if (!run_cpu_shape_rule(facts.shape_rule, num_args, stack)) {
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), stack);
     } catch (const c10::NotImplementedError& e) {
@@ -494,6 +625,19 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     at::Tensor alias(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(a));
     call.zion_storage(alias.storage().unsafeGetStorageImpl());
     sync_metadata(alias, z);
+  }
+  // A real tensor written with values computed from storage-less ones has
+  // unknown values too: a whole one becomes storage-less; into part of one,
+  // zeros stand in for what the op writes, counted as a copy into part of a
+  // real tensor is.
+  for (const at::Tensor& w : written) {
+    if (is_storage_less(w)) continue;  // grown by the kernel (see MetaCall::zion_storage)
+    if (covers_storage(w)) {
+      make_storage_less(w);
+    } else {
+      record_placeholder_read(unknown, "an op writing into part of a real zion tensor");
+      cpu_alias(w).zero_();
+    }
   }
   std::vector<at::Tensor> outputs;
   const size_t num_returns = schema.returns().size();
