@@ -211,7 +211,8 @@ def test_batch_norm_in_and_out_of_training_is_accounted_as_in_real_mode():
 
 def test_real_masks_and_selections_by_float_values_run_as_in_real_mode():
     # A real mask over storage-less floats (logits[labels != -100], masked_select) was refused, and so was
-    # the backward of ops that select by float values (max pooling, topk, sort, max(dim)): their indices
+    # the backward of ops that select by float values (max pooling, topk, sort, max(dim), an embedding bag's
+    # max mode): their indices
     # are computed from floats, yet only say where unknown gradients go.
     code = """
         import json, torch, zion_emu
@@ -229,10 +230,12 @@ def test_real_masks_and_selections_by_float_values_run_as_in_real_mode():
         v = torch.empty(7, 9, device="zion").uniform_().requires_grad_()
         (F.max_pool2d(x, 2).sum() + v.topk(3, dim=1).values.sum() + v.sort(0).values.sum()
          + v.max(1).values.sum()).backward()
-        out["shapes"] = [list(t.shape) for t in (picked, both, selected, logits.grad, x.grad, v.grad)]
+        bag = torch.nn.EmbeddingBag(50, 8, mode="max").to("zion")
+        bag(torch.tensor([1, 2, 7, 7, 30], device="zion"), torch.tensor([0, 2], device="zion")).sum().backward()
+        out["shapes"] = [list(t.shape) for t in (picked, both, selected, logits.grad, x.grad, v.grad, bag.weight.grad)]
     """
     real, timing = _in_both_modes(code)
-    assert real["shapes"] == [[4, 5], [4, 2], [20], [6, 5], [2, 3, 8, 8], [7, 9]]
+    assert real["shapes"] == [[4, 5], [4, 2], [20], [6, 5], [2, 3, 8, 8], [7, 9], [50, 8]]
     assert timing == real
 
 

@@ -330,7 +330,10 @@ void narrowed_embedding_bag(const c10::OperatorHandle& op, torch::jit::Stack* st
       v = aliases.alias(t);
       continue;
     }
-    TORCH_CHECK(c10::isFloatingType(t.scalar_type()), "zion timing-only: ", schema.operator_name(),
+    // Max mode's maximum_indices come from the (unknown) maxima: they only
+    // say which rows the unknown gradients go to, and zeros stand in for them.
+    const bool maxima = schema.arguments()[i].name() == "maximum_indices";
+    TORCH_CHECK(c10::isFloatingType(t.scalar_type()) || maxima, "zion timing-only: ", schema.operator_name(),
                 " needs the values of its argument '", schema.arguments()[i].name(), "', a storage-less ",
                 t.scalar_type(), " tensor (its values came from storage-less floats); indices and offsets must be real");
     std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
