@@ -401,3 +401,55 @@ def test_point_to_point_works_tags_timeouts_and_the_stacked_forms_behave_as_nccl
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     _spawn(_p2p_work_worker, 2, tmp_path, port)
+
+
+def _mismatch_and_polling_worker(rank: int, nprocs: int, store: str) -> None:
+    """A size mismatch is the Work's error, whenever the sender's side arrives, and the pair and the group stay
+    usable; is_completed follows the modeled clock, as NCCL's work follows its kernels."""
+    import time
+
+    gloo = _init(rank, nprocs, store)
+    # The receive issued after the sender's record is in the store: the mismatch was raised by irecv itself,
+    # which left batch_isend_irecv's coalescing open, and every later collective of the group did nothing.
+    if rank == 0:
+        sent = dist.isend(torch.ones(4, device="zion"), 1)
+        with pytest.raises(RuntimeError, match="send to rank 1 of 16 bytes, but rank 1 receives 12 bytes"):
+            sent.wait()
+    else:
+        time.sleep(1)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, torch.empty(3, device="zion"), 0)])
+        with pytest.raises(RuntimeError, match="recv from rank 0 of 12 bytes, but rank 0 sends 16 bytes"):
+            works[0].wait()
+    x = torch.full((2,), float(rank + 1), device="zion")
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0, 3.0]
+    # The next transfer of the pair on the same tag gets its own bytes (it got the failed send's and hung).
+    if rank == 0:
+        dist.send(torch.full((4,), 5.0, device="zion"), 1)
+    else:
+        got = torch.empty(4, device="zion")
+        dist.recv(got, 0)
+        assert got.tolist() == [5.0] * 4
+
+    # An async all_reduce of 16 MiB: not complete while the host's clock is before its modeled end, and a
+    # loop that computes until it is ends once the clock passes it.
+    torch.zion.synchronize()
+    dist.barrier()
+    torch.zion.synchronize()
+    work = dist.all_reduce(torch.ones(4 << 20, device="zion"), async_op=True)
+    end = _last()["end"]
+    assert zion_emu.clock() < end and not work.is_completed()
+    a = torch.ones(256, 256, device="zion")
+    steps = 0
+    while not work.is_completed():
+        a = a @ a
+        steps += 1
+        assert steps < 100_000
+    assert zion_emu.clock() >= end and steps > 1
+    work.wait()
+    dist.barrier(group=gloo)
+
+
+@pytest.mark.multiproc
+def test_a_size_mismatch_is_the_works_error_and_is_completed_follows_the_modeled_clock(tmp_path):
+    _spawn(_mismatch_and_polling_worker, 2, tmp_path)

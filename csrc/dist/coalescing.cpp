@@ -80,7 +80,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::endCoalescing() {
     return end;
   };
   auto ready = [works] {
-    return std::all_of(works.begin(), works.end(), [](const auto& w) { return w->isCompleted(); });
+    return std::all_of(works.begin(), works.end(), [](const auto& w) { return w->finish_if_ready(); });
   };
   return c10::make_intrusive<ZionWork>(getRank(), c10d::OpType::COALESCED, device, comm, finish, ready,
                                        std::move(outputs));

@@ -94,12 +94,17 @@ void wait_for_key(c10d::Store& store, const std::string& key, const std::functio
   }
 }
 
-PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const PeerSide& mine, bool sending, int peer,
+PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, bool sending, int peer,
                         const std::function<std::string()>& gone) {
   wait_for_key(store, theirs_key, gone, sending ? "send to rank " + std::to_string(peer)
                                                 : "recv from rank " + std::to_string(peer), peer);
   PeerSide theirs = decode(store.get(theirs_key));
   store.deleteKey(theirs_key);
+  return theirs;
+}
+
+// The error for a peer's side that does not match this one.
+void check_peer_side(const PeerSide& theirs, const PeerSide& mine, bool sending, int peer) {
   const char* call = sending ? "send" : "recv";
   const char* to = sending ? " to rank " : " from rank ";
   TORCH_CHECK(theirs.host == mine.host, "zion backend: ", call, sending ? " of " : " into ", where(mine.host), to, peer,
@@ -107,7 +112,6 @@ PeerSide take_peer_side(c10d::Store& store, const std::string& theirs_key, const
               "; both sides must use zion tensors (or both CPU tensors)");
   TORCH_CHECK(theirs.bytes == mine.bytes, "zion backend: ", call, to, peer, " of ", mine.bytes, " bytes, but rank ", peer,
               sending ? " receives " : " sends ", theirs.bytes, " bytes; sizes must match");
-  return theirs;
 }
 
 // The single tensor of a send or recv (zion, or CPU for an unmodeled
@@ -196,8 +200,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
   const int rank = getRank();
   auto self = c10::intrusive_ptr<ProcessGroupZion>::unsafe_reclaim_from_nonowning(this);
   auto finish = [self, gloo_work, data, end, mine, dst, tag, seq, rank]() -> sim::Seconds {
-    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, tag, seq, "recv"), mine, true, dst,
+    PeerSide theirs = take_peer_side(*self->store_, key(rank, dst, tag, seq, "recv"), true, dst,
                                      [self, dst] { return self->peer_gone(dst); });
+    try {
+      check_peer_side(theirs, mine, true, dst);
+    } catch (...) {
+      // The receiver takes these bytes into scratch (see recv), so the pair's
+      // next transfer gets its own; the mismatch is the error either way.
+      if (gloo_work) {
+        try {
+          gloo_work->wait();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
     if (gloo_work) gloo_work->wait();
     if (end.host) return 0;
     return self->charge_transfer("send", end, static_cast<int>(mine.device), static_cast<int>(theirs.device), theirs.start);
@@ -234,8 +251,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   // receive to gloo.
   const int gloo_src = ranks_.gloo_rank[src];
   auto post = [self, theirs_key, mine, data, src, gloo_src, tag]() -> PostedRecv {
-    PeerSide theirs = take_peer_side(*self->store_, theirs_key, mine, false, src,
-                                     [self, src] { return self->peer_gone(src); });
+    PeerSide theirs = take_peer_side(*self->store_, theirs_key, false, src, [self, src] { return self->peer_gone(src); });
+    try {
+      check_peer_side(theirs, mine, false, src);
+    } catch (...) {
+      // The sender's bytes are on their way through gloo: take them into
+      // scratch, so that the pair's next transfer on this tag does not get them.
+      if (theirs.storage_less == 0) {
+        std::vector<at::Tensor> scratch{at::empty({static_cast<int64_t>(theirs.bytes)}, at::kByte)};
+        WithoutPythonObjectsInTls gloo_call;
+        self->gloo_->recv(scratch, gloo_src, tag)->wait();
+      }
+      throw;
+    }
     if (theirs.storage_less != 0) return {{}, theirs};  // nothing is sent
     std::vector<at::Tensor> buffer = data;
     WithoutPythonObjectsInTls gloo_call;
@@ -245,8 +273,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& t
   std::shared_future<PostedRecv> posted;
   const bool in_order = !previous.valid() || previous.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   if (in_order && store_->check({theirs_key})) {
+    // A mismatch is the Work's error, at wait(), as when the sender comes
+    // later: thrown here it would leave a batch_isend_irecv's coalescing open.
     std::promise<PostedRecv> now;
-    now.set_value(post());
+    try {
+      now.set_value(post());
+    } catch (...) {
+      now.set_exception(std::current_exception());
+    }
     posted = now.get_future().share();
   } else {
     auto done = std::make_shared<std::promise<void>>();
@@ -296,10 +330,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::keep_in_flight(c10::intrusive_p
     std::lock_guard<std::mutex> lock(mutex_);
     held.swap(in_flight_p2p_);
   }
-  // isCompleted never blocks: it finishes a transfer whose peer has done its side.
+  // finish_if_ready never blocks: it finishes a transfer whose peer has done its side.
   std::vector<c10::intrusive_ptr<ZionWork>> open;
   for (auto& w : held) {
-    if (!w->isCompleted()) open.push_back(std::move(w));
+    if (!w->finish_if_ready()) open.push_back(std::move(w));
   }
   open.push_back(work);
   std::lock_guard<std::mutex> lock(mutex_);

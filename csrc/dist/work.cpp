@@ -40,6 +40,15 @@ void ZionWork::finish() {
 }
 
 bool ZionWork::isCompleted() {
+  if (!finish_if_ready()) return false;
+  if (error_ || device_ < 0) return true;
+  device::Runtime& rt = device::runtime();
+  if (rt.timeline.host() >= end_) return true;
+  rt.timeline.advance_host(rt.platform.oam.launch_overhead);
+  return false;
+}
+
+bool ZionWork::finish_if_ready() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (finished_) return true;
@@ -65,7 +74,7 @@ sim::Seconds ZionWork::end() {
 bool ZionWork::wait(std::chrono::milliseconds timeout) {
   if (timeout != kNoTimeout && ready_) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!isCompleted()) {
+    while (!finish_if_ready()) {
       if (std::chrono::steady_clock::now() >= deadline) {
         C10_THROW_ERROR(DistBackendError, "zion backend: " + std::string(c10d::opTypeToString(retrieveOpType())) +
                                               " did not complete within the " + std::to_string(timeout.count()) +

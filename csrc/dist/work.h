@@ -21,7 +21,7 @@ class ZionWork : public c10d::Work {
   // time at which it ends on the communication stream.
   using Finish = std::function<sim::Seconds()>;
   // Whether finish would return without waiting for the peer (it has done
-  // its side): isCompleted's poll and wait's timeout ask it.
+  // its side): finish_if_ready's poll and wait's timeout ask it.
   using Ready = std::function<bool()>;
 
   // A communication that ended at `end` on `comm_stream` of `device`
@@ -29,7 +29,7 @@ class ZionWork : public c10d::Work {
   ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, sim::Seconds end,
            std::vector<at::Tensor> outputs);
   // One still in flight: `finish` runs once, on the first wait() (or
-  // isCompleted() once `ready`, or the future's own thread).
+  // finish_if_ready() once `ready`, or the future's own thread).
   ZionWork(int rank, c10d::OpType type, c10::DeviceIndex device, int comm_stream, Finish finish, Ready ready,
            std::vector<at::Tensor> outputs);
 
@@ -37,8 +37,14 @@ class ZionWork : public c10d::Work {
   // lines its ranks up.
   void hold_host() { hold_host_ = true; }
 
-  // Never blocks: false while the peer has not done its side; an error is
+  // Never blocks: whether the bytes have moved, finishing the transfer if
+  // its peer has done its side (false while it has not); an error is
   // completion too, reported by exception() and rethrown by wait().
+  bool finish_if_ready();
+  // As NCCL's work asks its kernels: finish_if_ready, and the host's
+  // modeled clock past the communication's end. A query that finds it still
+  // running costs the host one launch overhead (a call into the driver), so
+  // a loop that polls until completion ends in modeled time.
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
