@@ -369,6 +369,52 @@ def test_a_compiled_model_under_zion_emu_run_is_one_graph_of_compiled_kernels(tm
     assert line[:4] == ["graphs", "2", "breaks", "0"] and int(line[5]) > 0, done.stdout
 
 
+def test_the_cpus_autocast_and_copies_to_the_cpu_in_a_zion_graph_behave_as_in_eager_mode():
+    # Lowered as CPU, a graph under the CPU's autocast took its casts (bfloat16 where eager zion, like CUDA,
+    # gives float32), and x.cpu() inside a graph was a no-op: its copies' modeled time and bytes were lost.
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16, device="zion"), torch.randn(16, 16, device="zion")
+
+    def mm_relu(a, b):
+        return torch.mm(a, b).relu()
+
+    def mm_relu_inside(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.mm(a, b).relu()
+
+    def round_trip(a):
+        return (a.cpu() * 2).to(a.device) + 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            around = torch.compile(mm_relu)(x, w)
+        inside = torch.compile(mm_relu_inside)(x, w)
+        compiled_round_trip = torch.compile(round_trip)
+        compiled_round_trip(x)
+        made_on_zion = torch.compile(lambda: torch.ones(4).zion() * 2)()
+    reasons = [str(m.message) for m in caught if str(m.message).startswith("zion:")]
+    assert "the CPU's autocast is on around the call" in reasons[0]
+    assert "the graph opens a CPU autocast region" in reasons[1]
+    assert "the graph calls .cpu()" in reasons[2] and "the graph calls .zion()" in reasons[3]
+    want = mm_relu(x, w)
+    assert around.dtype == inside.dtype == torch.float32
+    assert torch.equal(around.cpu(), want.cpu()) and torch.equal(inside.cpu(), want.cpu())
+    assert made_on_zion.is_zion and made_on_zion.tolist() == [2.0] * 4
+
+    def modeled(fn):
+        torch.zion.synchronize()
+        start, copied = zion_emu.clock(), zion_emu.counters(0).copy_bytes
+        out = fn(x)
+        torch.zion.synchronize()
+        return out, zion_emu.clock() - start, zion_emu.counters(0).copy_bytes - copied
+
+    eager_out, eager_time, eager_bytes = modeled(round_trip)
+    out, time, copied = modeled(compiled_round_trip)
+    assert torch.equal(out.cpu(), eager_out.cpu())
+    assert copied == eager_bytes == 2 * x.numel() * 4 and time == pytest.approx(eager_time)
+
+
 def test_in_timing_only_mode_a_zion_graph_runs_with_aot_eager_and_says_why():
     # Inductor's kernels would run on tensors without bytes (it crashed the
     # process); op by op, zion prices them without bytes.

@@ -14,6 +14,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 
+# Copies as dynamo's graph and aot_autograd's name them.
+_COPIES = (torch.Tensor.to, torch.Tensor.copy_, torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default,
+           torch.ops.prims.device_put.default)
+
+
 class Refusal(Exception):
     """The graph cannot be lowered as CPU for zion; the message says why."""
 
@@ -57,6 +62,7 @@ class CpuView:
     def apply(self, example_inputs: Sequence[Any]) -> list[Any]:
         """Rewrites the graph; returns CPU stand-ins for the example inputs."""
         self._check_autocast()
+        self._check_copies()
         self._check_outputs()
         for node in self.gm.graph.nodes:
             if node.op == "get_attr":
@@ -90,11 +96,38 @@ class CpuView:
         if torch.is_autocast_enabled("zion"):
             raise Refusal("zion's autocast is on around the call: lowered as CPU it would follow the CPU's autocast "
                           "op lists, not zion's (CUDA's)")
+        # The CPU's autocast leaves zion tensors alone, as it leaves CUDA's;
+        # lowered as CPU, the graph's ops would take its casts (bfloat16
+        # results where eager zion gives float32).
+        if torch.is_autocast_enabled("cpu"):
+            raise Refusal("the CPU's autocast is on around the call: lowered as CPU its casts would apply to the "
+                          "graph's zion tensors, which it leaves alone in eager mode")
         enter = torch.amp.autocast_mode._enter_autocast
         for node in self.gm.graph.nodes:
             if node.op == "call_function" and node.target is enter and node.args and _is_zion(node.args[0]):
                 raise Refusal("the graph opens a zion autocast region: lowered as CPU it would follow the CPU's "
                               "autocast op lists, not zion's (CUDA's)")
+            if node.op == "call_function" and node.target is enter and node.args and _is_cpu(node.args[0]):
+                raise Refusal("the graph opens a CPU autocast region: lowered as CPU its casts would apply to the "
+                              "graph's zion tensors, which it leaves alone in eager mode")
+
+    def _check_copies(self) -> None:
+        # A copy between zion and the CPU names no CPU device where it is
+        # x.cpu(), or x.to(y.device) of a tensor the graph made on the CPU:
+        # lowered as CPU it would be a no-op, and its copy's time would be
+        # lost. Such a graph runs op by op (priced as in eager mode).
+        for node in self.gm.graph.nodes:
+            if node.op == "call_method" and node.target in ("cpu", "zion", "cuda"):
+                raise Refusal(f"the graph calls .{node.target}() (a copy between zion and the CPU, or to zion)")
+            if node.op not in ("call_method", "call_function") or not node.args:
+                continue
+            source = node.args[0]
+            out = node.meta.get("example_value", node.meta.get("val"))
+            src = getattr(source, "meta", {}).get("example_value", getattr(source, "meta", {}).get("val"))
+            if isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and \
+                    {out.device.type, src.device.type} == {"cpu", "zion"} and \
+                    (node.target in ("to", "copy_", "new_tensor") or node.target in _COPIES):
+                raise Refusal(f"the graph copies a tensor between zion and the CPU ({node.name})")
 
     def _check_outputs(self) -> None:
         # Lowered as CPU, every buffer the wrapper allocates is on zion: a CPU
