@@ -434,3 +434,16 @@ def test_in_timing_only_mode_a_zion_graph_runs_with_aot_eager_and_says_why():
     """, timeout_s=300, env=child_env(ZION_MODE="timing", TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"]))
     assert done.stdout.splitlines() == ["timing-only mode: compiled kernels would run on tensors that hold no bytes",
                                         "True True"], done.stdout + done.stderr
+
+
+def test_torch_zion_comm_and_data_parallel_under_compile_break_the_graph_at_the_copies():
+    # The batched copy (torch.ops.zion.copy_batch) was traced into the graph and reached a fake tensor's
+    # data pointer; as at torch.cuda.comm's C functions, the graph now breaks there.
+    x = torch.arange(4.0, device="zion")
+    copies = torch.compile(lambda t: torch.zion.comm.broadcast(t, [0, 1])[1] * 2)(x)
+    assert copies.device == torch.device("zion:1") and copies.tolist() == [0.0, 2.0, 4.0, 6.0]
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).to("zion")
+    batch = torch.randn(8, 4, device="zion")
+    replicated = torch.compile(nn.DataParallel(model, device_ids=[0, 1]))(batch)
+    assert torch.equal(replicated.detach().cpu(), model(batch).detach().cpu())

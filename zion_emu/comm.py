@@ -64,6 +64,10 @@ def _stream_id(stream: torch.Stream | None, device: int, i: int) -> int:
     return int(stream.stream_id)
 
 
+# torch.compile breaks the graph here, as at torch.cuda.comm's C functions:
+# the copies run eagerly between the compiled parts (traced, the op would
+# reach the data pointers of fake tensors).
+@torch._dynamo.disable
 def _copy_batch(srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], streams: Sequence[int] = ()) -> None:
     """srcs[i] -> dsts[i] (zion to zion), issued at once (fair share of links)."""
     if srcs:
