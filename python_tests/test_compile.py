@@ -447,3 +447,32 @@ def test_torch_zion_comm_and_data_parallel_under_compile_break_the_graph_at_the_
     batch = torch.randn(8, 4, device="zion")
     replicated = torch.compile(nn.DataParallel(model, device_ids=[0, 1]))(batch)
     assert torch.equal(replicated.detach().cpu(), model(batch).detach().cpu())
+
+
+def test_checkpointed_and_conditional_bodies_compile_for_zion_as_for_the_cpu():
+    # A higher-order op's body (torch.utils.checkpoint's wrap_body, torch.cond's branches) was taken for a tensor
+    # attribute: the whole graph ran with aot_eager, no fused kernel, and gradients differed from a CPU compile.
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed(m, x):
+        return checkpoint(m, x, use_reentrant=False).sum()
+
+    def conditional(m, x):
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (m(x),)).sum()
+
+    torch.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+    x = torch.randn(16, 32)
+    for fn in (checkpointed, conditional):
+        grads = []
+        for device in ("cpu", "zion"):
+            torch._dynamo.reset()
+            model = copy.deepcopy(cpu_model).to(device)
+            xd = x.clone().to(device).requires_grad_()
+            kernels = zion_emu.counters(0).compiled_kernels
+            loss = torch.compile(fn)(model, xd)
+            loss.backward()
+            grads.append((loss.detach().cpu(), xd.grad.cpu(), model[0].weight.grad.cpu()))
+        assert zion_emu.counters(0).compiled_kernels > kernels, fn.__name__
+        assert all(torch.equal(c, z) for c, z in zip(*grads)), fn.__name__
+    assert zion_emu.inductor.fallbacks() == []

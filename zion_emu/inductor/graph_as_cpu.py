@@ -35,8 +35,19 @@ def _is_cpu(d: Any) -> bool:
     return isinstance(d, str) and (d == "cpu" or d.startswith("cpu:"))
 
 
+def _all_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The graph's nodes and those of the higher-order ops' bodies it holds."""
+    nodes = []
+    for node in gm.graph.nodes:
+        nodes.append(node)
+        sub = getattr(gm, str(node.target), None) if node.op == "get_attr" else None
+        if isinstance(sub, torch.fx.GraphModule):
+            nodes.extend(_all_nodes(sub))
+    return nodes
+
+
 def _metas(gm: torch.fx.GraphModule) -> list[Any]:
-    return [node.meta[key] for node in gm.graph.nodes for key in ("val", "example_value") if key in node.meta]
+    return [node.meta[key] for node in _all_nodes(gm) for key in ("val", "example_value") if key in node.meta]
 
 
 def zion_device_index(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> int | None:
@@ -58,14 +69,25 @@ class CpuView:
         self.fake_mode = fake_mode
         self.undo: list[tuple[Any, str, Any]] = []
         self.bases: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rewritten: list[torch.fx.GraphModule] = []
 
     def apply(self, example_inputs: Sequence[Any]) -> list[Any]:
         """Rewrites the graph; returns CPU stand-ins for the example inputs."""
         self._check_autocast()
         self._check_copies()
         self._check_outputs()
-        for node in self.gm.graph.nodes:
+        self._rewrite(self.gm)
+        return [self._input(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+
+    def _rewrite(self, gm: torch.fx.GraphModule) -> None:
+        for node in gm.graph.nodes:
             if node.op == "get_attr":
+                sub = getattr(gm, str(node.target), None)
+                if isinstance(sub, torch.fx.GraphModule):
+                    # The body of a higher-order op (torch.utils.checkpoint's
+                    # wrap_body, torch.cond's branches): seen as CPU likewise.
+                    self._rewrite(sub)
+                    continue
                 raise Refusal(f"the graph holds a tensor attribute ({node.target})")
             for key in ("val", "example_value"):
                 if key in node.meta:
@@ -76,8 +98,8 @@ class CpuView:
                 self.undo.append((node, "kwargs", node.kwargs))
                 node.args = self._value(node.args)
                 node.kwargs = self._value(node.kwargs)
-        self.gm.recompile()
-        return [self._input(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        gm.recompile()
+        self.rewritten.append(gm)
 
     def restore(self) -> None:
         for obj, key, old in reversed(self.undo):
@@ -86,7 +108,9 @@ class CpuView:
             else:
                 setattr(obj, key, old)
         self.undo.clear()
-        self.gm.recompile()
+        for gm in self.rewritten:
+            gm.recompile()
+        self.rewritten.clear()
 
     def _check_autocast(self) -> None:
         # zion's autocast follows CUDA's op lists (exp and sum run in float32
@@ -103,7 +127,7 @@ class CpuView:
             raise Refusal("the CPU's autocast is on around the call: lowered as CPU its casts would apply to the "
                           "graph's zion tensors, which it leaves alone in eager mode")
         enter = torch.amp.autocast_mode._enter_autocast
-        for node in self.gm.graph.nodes:
+        for node in _all_nodes(self.gm):
             if node.op == "call_function" and node.target is enter and node.args and _is_zion(node.args[0]):
                 raise Refusal("the graph opens a zion autocast region: lowered as CPU it would follow the CPU's "
                               "autocast op lists, not zion's (CUDA's)")
@@ -116,7 +140,7 @@ class CpuView:
         # x.cpu(), or x.to(y.device) of a tensor the graph made on the CPU:
         # lowered as CPU it would be a no-op, and its copy's time would be
         # lost. Such a graph runs op by op (priced as in eager mode).
-        for node in self.gm.graph.nodes:
+        for node in _all_nodes(self.gm):
             if node.op == "call_method" and node.target in ("cpu", "zion", "cuda"):
                 raise Refusal(f"the graph calls .{node.target}() (a copy between zion and the CPU, or to zion)")
             if node.op not in ("call_method", "call_function") or not node.args:
