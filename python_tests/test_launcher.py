@@ -67,6 +67,12 @@ def test_breakdown_splits_wall_time_by_hand():
                               copies_exposed_s=1.0, host_s=5.0)
     assert b.compute_s + b.communication_exposed_s + b.copies_exposed_s + b.host_s == 10.0
 
+    # Compute [0.1, 0.2) and communication [0.3, 0.5): in floats, union - compute is 2.8e-17 more than the
+    # communication alone, and the report printed "communication, overlapped -0.0 us".
+    apart = {"start": np.array([0.1, 0.3]), "end": np.array([0.2, 0.5]),
+             "activity": np.array([rep.COMPUTE, rep.COMMUNICATION]), "device": np.array([0, 0])}
+    assert rep.breakdown(apart, device=0, wall=1.0).communication_overlapped_s == 0.0
+
 
 @pytest.mark.slow
 def test_run_reports_iterations_breakdown_links_and_writes_a_trace(tmp_path):
@@ -147,6 +153,33 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     assert top["all_reduce"]["count"] == 6  # three per rank
     b = report["breakdown"]
     assert b["communication_exposed_s"] > 0
+
+
+@pytest.mark.multiproc
+def test_a_rank_on_another_device_than_its_local_rank_is_refused_as_nccl_refuses_duplicate_gpus(tmp_path):
+    # Without set_device every rank computed on zion:0 while its collectives were priced on OAMs 0 and 1.
+    script = write(tmp_path, "no_set_device.py", """
+        import os, torch, torch.distributed as dist
+        import zion_emu.distributed  # noqa: F401
+        dist.init_process_group("zion")
+        x = torch.ones(4, device="zion")
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as e:
+            print(f"rank {dist.get_rank()}: {e}".splitlines()[0])
+        if dist.get_rank() == 1:
+            try:
+                dist.send(x, 0)
+            except RuntimeError as e:
+                print(f"rank 1: {e}".splitlines()[0])
+        dist.destroy_process_group()
+    """)
+    r = zion_emu_cli("run", "--nproc", "2", "--quiet-report", str(script), timeout_s=240)
+    assert ("rank 1: zion backend: all_reduce: this rank (LOCAL_RANK 1) is OAM 1 of its node, zion:1, but its "
+            "tensors are on zion:0") in r.stdout
+    assert "rank 0: zion backend: all_reduce failed on rank(s) 1" in r.stdout
+    assert "call torch.zion.set_device(int(os.environ['LOCAL_RANK']))" in r.stdout
+    assert "rank 1: zion backend: send: this rank (LOCAL_RANK 1) is OAM 1 of its node" in r.stdout
 
 
 @pytest.mark.slow

@@ -85,11 +85,13 @@ def breakdown(spans: Spans, device: int, wall: float) -> Breakdown:
     comm = covered(COMMUNICATION)
     compute_or_comm = covered(COMPUTE, COMMUNICATION)
     anything = covered(COMPUTE, COMMUNICATION, COPY)
-    exposed_comm = compute_or_comm - compute
+    # Differences of unions: each is >= 0 exactly, and clamped where rounding
+    # leaves a last-bit negative (a report printed "overlapped -0.0 us").
+    exposed_comm = max(compute_or_comm - compute, 0.0)
     return Breakdown(
         compute_s=compute,
         communication_exposed_s=exposed_comm,
-        communication_overlapped_s=comm - exposed_comm,
-        copies_exposed_s=anything - compute_or_comm,
+        communication_overlapped_s=max(comm - exposed_comm, 0.0),
+        copies_exposed_s=max(anything - compute_or_comm, 0.0),
         host_s=max(wall - anything, 0.0),
     )

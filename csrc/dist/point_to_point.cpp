@@ -176,6 +176,9 @@ sim::Seconds ProcessGroupZion::charge_transfer(const char* call, const TransferE
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   const at::Tensor& t = only_tensor(tensors, "send");
+  if (std::string problem = device_problem("send", t.device().is_cpu() ? -1 : t.device().index()); !problem.empty()) {
+    TORCH_CHECK(false, problem);
+  }
   TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "zion backend: send to rank ", dst,
               " is not another rank of this group (0..", getSize() - 1, ")");
   TORCH_CHECK(ranks_.is_present(dst), "zion backend: send to rank ", dst, ", which does not run as a process (the ranks ",
@@ -227,6 +230,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupZion::send(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupZion::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   const at::Tensor& t = only_tensor(tensors, "recv");
+  if (std::string problem = device_problem("recv", t.device().is_cpu() ? -1 : t.device().index()); !problem.empty()) {
+    TORCH_CHECK(false, problem);
+  }
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "zion backend: recv from rank ", src,
               " is not another rank of this group (0..", getSize() - 1, ")");
   TORCH_CHECK(ranks_.is_present(src), "zion backend: recv from rank ", src, ", which does not run as a process (the ranks ",

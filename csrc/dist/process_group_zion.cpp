@@ -186,7 +186,19 @@ ProcessGroupZion::Plan ProcessGroupZion::plan(Call call, sim::CollectiveOp op, c
                              c10::toString(static_cast<c10::ScalarType>(p.side.dtype)) + " and " + c10::toString(t.scalar_type()) + ")");
     }
   }
+  if (!p.side.host) note(p.side.error, device_problem(call_name(call), p.device));
   return p;
+}
+
+std::string ProcessGroupZion::device_problem(const char* call, c10::DeviceIndex device) const {
+  if (device < 0 || options_.local_rank < 0 || getSize() < 2 || device == placement_.oam) return {};
+  const std::string zion = c10::get_privateuse1_backend();
+  return std::string("zion backend: ") + call + ": this rank (LOCAL_RANK " + std::to_string(options_.local_rank) +
+         ") is OAM " + std::to_string(placement_.oam) + " of its node, " + zion + ":" + std::to_string(placement_.oam) +
+         ", but its tensors are on " + zion + ":" + std::to_string(device) +
+         ". In a group of several ranks each rank uses the device of its LOCAL_RANK, as NCCL needs one GPU per "
+         "rank: call torch." + zion + ".set_device(int(os.environ['LOCAL_RANK'])) (torch.cuda.set_device under "
+         "--cuda-compat) before making the tensors";
 }
 
 std::string ProcessGroupZion::root_problem(const char* call, int64_t root) const {

@@ -215,6 +215,9 @@ class ProcessGroupZion : public c10d::Backend {
   Plan plan(Call call, sim::CollectiveOp op, const std::vector<at::Tensor>& tensors);
   // Empty when `root` is a rank of the group, else what is wrong.
   std::string root_problem(const char* call, int64_t root) const;
+  // Empty when `device` (a zion tensor's) is this rank's OAM, or the rank's
+  // OAM is not known (no LOCAL_RANK) or the group has one rank; else why not.
+  std::string device_problem(const char* call, c10::DeviceIndex device) const;
   // The exact bytes each rank sends each other one, from the agreed counts of
   // an all_to_all; empty when every pair moves the same amount.
   static std::vector<std::vector<double>> uneven_all_to_all_bytes(const Agreement& agreed, double element_bytes);
