@@ -7,7 +7,7 @@ zion; extern kernels (``mm``, ``addmm``, ``bmm``, ``convolution``,
 ``embedding_bag``, ...) then run through zion's fallback, priced op by op as
 in eager mode, and each generated C++ kernel is charged as one fused kernel
 from the bytes it reads and writes and its FLOPs. A graph that cannot go this
-way is compiled with ``aot_eager`` instead, with a warning.
+way runs op by op on zion instead (torch.compile's ``eager`` backend), with a warning.
 
 :func:`install_on_import` (run when zion registers) wraps
 ``torch._inductor.compile_fx.compile_fx`` when that module is first imported,
@@ -30,7 +30,7 @@ _COMPILE_FX = "torch._inductor.compile_fx"
 
 
 def fallbacks() -> list[str]:
-    """Why each zion graph that went to aot_eager did, oldest first."""
+    """Why each zion graph that ran op by op instead did, oldest first."""
     if _COMPILE_FX not in sys.modules:
         return []
     from zion_emu.inductor.compile_fx import fallback_reasons
