@@ -77,6 +77,47 @@ def test_the_planner_sees_the_platform_and_places_shards_on_zion():
     assert got["cpu_placement"] == "rank:1/cpu"
 
 
+def test_the_planner_offers_zion_no_uvm_kernels():
+    # The planner chose fused_uvm_caching for a table bigger than HBM, as on CUDA, and zion allocated the
+    # whole table in HBM: an out-of-memory error for the planner's own plan, or, with room, an HBM table
+    # priced at HBM speed where the plan said UVM.
+    done = run_python("""
+        import json, torch, zion_emu
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.types import PlannerError
+
+        def ebc(rows):
+            return EmbeddingBagCollection(tables=[EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=rows,
+                                                                     feature_names=["f"])], device=torch.device("meta"))
+        sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1})
+        out = {}
+        plan = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="zion")).plan(ebc(1000), [sharder])
+        out["fits"] = plan.plan[""]["t"].compute_kernel
+        small = Topology(world_size=2, compute_device="zion", hbm_cap=4_000_000)
+        try:
+            EmbeddingShardingPlanner(topology=small).plan(ebc(200_000), [sharder])
+        except PlannerError as e:
+            out["too_big"] = "insufficient storage" in str(e)
+        uvm_only = {"t": ParameterConstraints(compute_kernels=["fused_uvm_caching"])}
+        try:
+            EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="zion"),
+                                     constraints=uvm_only).plan(ebc(1000), [sharder])
+        except ValueError as e:
+            out["uvm_only"] = str(e)
+        cpu = Topology(world_size=2, compute_device="cuda", hbm_cap=4_000_000)
+        out["cuda"] = EmbeddingShardingPlanner(topology=cpu).plan(ebc(200_000), [sharder]).plan[""]["t"].compute_kernel
+        print(json.dumps(out))
+    """)
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["fits"] == "fused" and got["too_big"] is True
+    assert "table 't' may only use the compute kernels ['fused_uvm_caching']" in got["uvm_only"]
+    assert "zion models no UVM" in got["uvm_only"]
+    assert got["cuda"] in ("fused_uvm", "fused_uvm_caching")  # a CUDA topology plans as before
+
+
 TBE_SNIPPET = """
     import json, torch, zion_emu
     from zion_emu import _C

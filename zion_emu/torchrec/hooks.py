@@ -46,6 +46,12 @@ def _planners(module: ModuleType) -> None:
     planner.install_planners(module)
 
 
+def _enumerators(module: ModuleType) -> None:
+    from zion_emu.torchrec import planner
+
+    planner.install_enumerators(module)
+
+
 # Module -> what to install once it has run. fbgemm_gpu's __init__ loads the
 # libraries that register its ops.
 AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
@@ -55,6 +61,7 @@ AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "torchrec.distributed.planner.types": _topology,
     "torchrec.distributed.sharding_plan": _placement,
     "torchrec.distributed.planner.planners": _planners,
+    "torchrec.distributed.planner.enumerators": _enumerators,
 }
 
 

@@ -92,6 +92,7 @@ def _topology_init(init: Callable[..., None]) -> Callable[..., None]:
         given["compute_device"] = "cuda"  # torchrec's accelerator model: HBM, fused kernels
         init(self, **given, **extra)
         self._zion_placements = compute_device == ZION
+        self._zion_devices = True
 
     return __init__
 
@@ -117,6 +118,46 @@ def _zion_sharding_plan(to_sharding_plan: Callable[..., Any]) -> Callable[..., A
             _planning_zion.reset(token)
 
     return to_zion_sharding_plan
+
+
+# torchrec's kernels that keep a table in UVM (host memory the GPU reads over
+# PCIe, with or without an HBM cache). zion models no UVM: such a table would
+# be allocated, and priced, in HBM.
+UVM_KERNELS = ("fused_uvm", "fused_uvm_caching")
+
+
+def _no_uvm_init(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def __init__(self: Any, topology: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, topology, *args, **kwargs)
+        self._zion_devices = getattr(topology, "_zion_devices", False)
+
+    return __init__
+
+
+def _no_uvm_kernels(filter_kernels: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    @functools.wraps(filter_kernels)
+    def _filter_compute_kernels(self: Any, name: str, allowed: list[str], sharding_type: str) -> list[str]:
+        kernels = filter_kernels(self, name, allowed, sharding_type)
+        if not getattr(self, "_zion_devices", False):
+            return kernels
+        kept = [k for k in kernels if k not in UVM_KERNELS]
+        if kernels and not kept:
+            raise ValueError(
+                f"zion: table {name!r} may only use the compute kernels {sorted(kernels)}, which keep it in UVM, "
+                "and zion models no UVM (the table would be allocated and priced in HBM). Allow 'fused' (HBM); a "
+                "table that does not fit HBM goes in a socket's DDR from the script (README, \"Tables in a "
+                "socket's DDR\")")
+        return kept
+
+    return _filter_compute_kernels
+
+
+def install_enumerators(enumerators: Any) -> None:
+    """torchrec.distributed.planner.enumerators: a zion topology's plan offers no UVM kernels."""
+    cls = enumerators.EmbeddingEnumerator
+    cls.__init__ = _no_uvm_init(cls.__init__)
+    cls._filter_compute_kernels = _no_uvm_kernels(cls._filter_compute_kernels)
 
 
 def install_topology(types: Any) -> None:
