@@ -431,6 +431,21 @@ def _mismatch_and_polling_worker(rank: int, nprocs: int, store: str) -> None:
         dist.recv(got, 0)
         assert got.tolist() == [5.0] * 4
 
+    # all_to_all_single whose rows differ in width between input and output and between ranks, as gloo's and
+    # NCCL's splits count each tensor's own rows (torchrec's sequence embeddings): it was refused.
+    if rank == 0:
+        shapes, splits = ((2, 4), (8,)), ([1, 1], [4, 4])
+    else:
+        shapes, splits = ((8,), (2, 4)), ([4, 4], [1, 1])
+    source = (torch.arange(8.0) + 100 * rank).reshape(shapes[0])
+    results = []
+    for device, group in (("zion", None), ("cpu", gloo)):
+        received = torch.empty(shapes[1], device=device)
+        dist.all_to_all_single(received, source.to(device), output_split_sizes=splits[1],
+                               input_split_sizes=splits[0], group=group)
+        results.append(received.cpu())
+    assert torch.equal(results[0], results[1])
+
     # An async all_reduce of 16 MiB: not complete while the host's clock is before its modeled end, and a
     # loop that computes until it is ends once the clock passes it.
     torch.zion.synchronize()
