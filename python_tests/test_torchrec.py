@@ -118,6 +118,47 @@ def test_the_planner_offers_zion_no_uvm_kernels():
     assert got["cuda"] in ("fused_uvm", "fused_uvm_caching")  # a CUDA topology plans as before
 
 
+WEIGHTED_SNIPPET = """
+    import json, torch, zion_emu, fbgemm_gpu
+    from zion_emu import _C
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    d = torch.device("zion", 0)
+    # KeyedJaggedTensor.permute with per-sample weights: lengths and indices move with the weights.
+    lengths = torch.tensor([[1, 2], [2, 1]]).to(d)
+    indices = torch.tensor([1, 2, 3, 4, 5, 6]).to(d)
+    weights = torch.rand(6).to(d)
+    permuted = torch.ops.fbgemm.permute_2D_sparse_data(torch.tensor([1, 0], dtype=torch.int32).to(d), lengths,
+                                                       indices, weights, 6)
+    # A weighted lookup whose per-sample weights take a gradient.
+    specs = [(1000, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 2
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.1, device=d)
+    lookups = (torch.arange(192) * 7 % 1000).to(d)
+    per_sample = torch.rand(192).to(d).requires_grad_()
+    tbe(lookups, torch.arange(0, 193, 3).to(d), per_sample_weights=per_sample).sum().backward()
+    torch.zion.synchronize()
+    print(json.dumps({"mode": zion_emu.mode(), "real": [not _C.device.is_storage_less(t) for t in permuted[:2]],
+                      "lengths": permuted[0].tolist(), "indices": permuted[1].tolist(),
+                      "weights_grad": list(per_sample.grad.shape), "clock": zion_emu.clock(),
+                      "peak": torch.zion.max_memory_allocated(0), "priced": _C.device.priced_ops()}))
+"""
+
+
+def test_weighted_features_run_in_timing_only_mode_as_in_real_mode():
+    # fbgemm's permute of a KeyedJaggedTensor with storage-less weights made its lengths and indices storage-less
+    # (read as zeros, and the run stopped in bounds_check_indices), and the per-sample weights' gradient had no
+    # shape rule.
+    real, timing = (json.loads(run_python(WEIGHTED_SNIPPET, timeout_s=RUN_TIMEOUT_S, env=child_env(ZION_MODE=mode))
+                               .stdout.strip().splitlines()[-1]) for mode in ("real", "timing"))
+    assert (real.pop("mode"), timing.pop("mode")) == ("real", "timing")
+    assert timing["real"] == [True, True] and timing["lengths"] == [[2, 1], [1, 2]]
+    assert timing["indices"] == [4, 5, 6, 1, 2, 3] and timing["weights_grad"] == [192]
+    assert timing == real
+
+
 TBE_SNIPPET = """
     import json, torch, zion_emu
     from zion_emu import _C

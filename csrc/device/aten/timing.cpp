@@ -339,6 +339,19 @@ void tbe_dense_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* s
   stack->emplace_back(std::move(grad));
 }
 
+// The gradient of weighted features' per-sample weights: one per lookup, in
+// the gradient's dtype (the CPU kernel's zeros_like(indices) of that dtype).
+void tbe_grad_indice_weights_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto arg = [&](const char* name) -> const at::Tensor& {
+    return (*stack)[stack->size() - n + *schema.argumentIndexWithName(name)].toTensor();
+  };
+  at::Tensor grad = at::empty(arg("indices").sizes(), arg("grad_output").options().device(c10::kMeta));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(grad));
+}
+
 void tbe_fused_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, op.schema().arguments().size());
   stack->emplace_back(at::Tensor());
@@ -361,6 +374,8 @@ TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
   m.impl("dense_embedding_codegen_lookup_function", torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
   m.impl("split_embedding_backward_codegen_dense_cpu",
          torch::CppFunction::makeFromBoxedFunction<&tbe_dense_backward_meta>());
+  m.impl("split_embedding_codegen_grad_indice_weights_pt2_wrapper",
+         torch::CppFunction::makeFromBoxedFunction<&tbe_grad_indice_weights_meta>());
   for (const auto& [name, forward] : ops) {
     if (forward) {
       m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
@@ -541,11 +556,62 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
   return f;
 }
 
+// fbgemm's sparse-feature ops (permute_2D_sparse_data,
+// block_bucketize_sparse_features, ...) carry per-sample `weights` beside the
+// lengths and indices they reorder: their integer results depend on the
+// integers alone. Such an op, whose only storage-less arguments are its
+// weights, runs its CPU kernel with zeros standing in for them, so its
+// lengths and indices are real mode's; its float results are storage-less.
+bool carries_weights_only(const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
+  if (schema.name().rfind("fbgemm::", 0) != 0) return false;
+  const size_t n = schema.arguments().size();
+  bool weights = false;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[stack->size() - n + i];
+    if (!v.isTensor() || !is_storage_less(v.toTensor())) continue;
+    if (schema.arguments()[i].name() != "weights" || !is_float(v.toTensor())) return false;
+    weights = true;
+  }
+  return weights;
+}
+
+void run_with_zero_weights(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
+  std::vector<at::Tensor> inputs;
+  c10::DeviceIndex device = -1;
+  AliasSet aliases;
+  for (size_t i = 0; i < n; ++i) {
+    c10::IValue& v = args[static_cast<std::ptrdiff_t>(i)];
+    if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().device().is_privateuseone()) continue;
+    const at::Tensor t = v.toTensor();
+    if (device < 0) device = t.device().index();
+    inputs.push_back(t);
+    v = is_storage_less(t) ? c10::IValue(at::zeros(t.sizes(), t.options().device(c10::kCPU))) : c10::IValue(aliases.alias(t));
+  }
+  aliases.set_device(device);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  aliases.commit();
+  std::vector<at::Tensor> outputs;
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
+    if (!it->isTensor() || !it->toTensor().defined()) continue;
+    const at::Tensor t = it->toTensor();
+    *it = is_float(t) ? storage_less_result(t, -1, 0, device) : aliases.to_zion(t);
+    outputs.push_back(it->toTensor());
+  }
+  charge_op(op, device, inputs, outputs);
+}
+
 void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const TimingFacts& facts = facts_per_operator(op, &read_timing_facts);
   if (facts.embedding_bag) {
     embedding_bag_without_bytes(op, stack);
+    return;
+  }
+  if (carries_weights_only(schema, stack)) {
+    run_with_zero_weights(op, stack);
     return;
   }
   if (!facts.runs_on_cpu) refuse_op_without_cpu_kernel(schema.operator_name());
