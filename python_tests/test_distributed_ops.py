@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import zion_emu
+from zion_emu import distributed as zd
 from zion_emu import sim
 from test_distributed import _Clock, _data, _init, _last, _spawn
 
@@ -445,6 +446,15 @@ def _mismatch_and_polling_worker(rank: int, nprocs: int, store: str) -> None:
                                input_split_sizes=splits[0], group=group)
         results.append(received.cpu())
     assert torch.equal(results[0], results[1])
+
+    # last_collective of a group this rank is not in, or of a gloo group: an AttributeError on an int, and
+    # "No backend type associated with device type zion".
+    only_rank_0 = dist.new_group([0])
+    if rank == 1:
+        with pytest.raises(ValueError, match="this rank is not a member of the group"):
+            zd.last_collective(only_rank_0)
+    with pytest.raises(ValueError, match="the group has no zion backend \\(its backend is 'gloo'\\)"):
+        zd.last_collective(gloo)
 
     # An async all_reduce of 16 MiB: not complete while the host's clock is before its modeled end, and a
     # loop that computes until it is ends once the clock passes it.

@@ -215,8 +215,15 @@ def register() -> None:
 
 def backend(group: "dist.ProcessGroup | None" = None) -> Any:
     """The ProcessGroupZion behind ``group`` (the default group when None)."""
+    if isinstance(group, int) and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("zion: this rank is not a member of the group (new_group gives the ranks outside it "
+                         "GroupMember.NON_GROUP_MEMBER), so it has no zion backend there")
     group = group or dist.distributed_c10d._get_default_group()
-    return group._get_backend(torch.device(BACKEND))
+    try:
+        return group._get_backend(torch.device(BACKEND))
+    except RuntimeError as e:
+        raise ValueError(f"zion: the group has no zion backend (its backend is {dist.get_backend(group)!r}); "
+                         "zion_emu.distributed reads groups made with backend 'zion'") from e
 
 
 def group_model(group: "dist.ProcessGroup | None" = None) -> dict[str, str]:
