@@ -155,6 +155,26 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     assert b["communication_exposed_s"] > 0
 
 
+def test_the_report_lists_torch_compile_graphs_that_ran_op_by_op(tmp_path):
+    # A timing-only run that compiles a model said "times and memory are modeled as in real mode", while its
+    # graphs ran op by op (priced as eager ops, not as real mode's fused kernels); only a warning said so.
+    script = write(tmp_path, "compiled.py", """
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to("zion")
+        step = torch.compile(model)
+        for _ in range(2):
+            step(torch.randn(8, 16, device="zion")).sum().backward()
+    """)
+    out = tmp_path / "report.json"
+    done = zion_emu_cli("run", "--timing-only", "--report", str(out), str(script), timeout_s=240)
+    fallbacks = json.loads(out.read_text())["compile_fallbacks"]
+    assert fallbacks == [{"reason": "timing-only mode: compiled kernels would run on tensors that hold no bytes",
+                          "graphs": 1, "ranks": [0]}]
+    assert "except torch.compile's graphs, which ran op by op (below)" in done.stdout
+    assert "torch.compile graphs that ran op by op (priced as eager ops, not as fused kernels):" in done.stdout
+    assert rep.RunReport.from_json(out).compile_fallbacks == fallbacks
+
+
 @pytest.mark.multiproc
 def test_a_rank_on_another_device_than_its_local_rank_is_refused_as_nccl_refuses_duplicate_gpus(tmp_path):
     # Without set_device every rank computed on zion:0 while its collectives were priced on OAMs 0 and 1.

@@ -230,6 +230,8 @@ class RankSnapshot:
     fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
     # What the script measured (zion_emu.throughput): samples, start_s, end_s, limit, limit_utilization.
     throughput: dict[str, Any] | None = field(default=None, metadata=_OMIT_NONE)
+    # Why each torch.compile graph of zion tensors ran op by op instead (zion_emu.inductor.fallbacks()).
+    compile_fallbacks: list[str] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -325,7 +327,14 @@ def snapshot(rank: int = 0, iterations: Iterations | None = None, keep_spans: bo
         fp32_matmul_precision=_C.device.last_fp32_matmul_pricing(),
         fp32_matmul_counts=list(_C.device.fp32_matmul_counts()) or None,
         throughput=declared_throughput(),
+        compile_fallbacks=_compile_fallbacks() or None,
     )
+
+
+def _compile_fallbacks() -> list[str]:
+    from zion_emu import inductor
+
+    return inductor.fallbacks()
 
 
 # -- the whole run -------------------------------------------------------------
@@ -522,6 +531,9 @@ class RunReport:
     fp32_matmul_counts: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
     # What the ranks measured (zion_emu.throughput); samples_per_s is then its samples/s.
     throughput: ThroughputSummary | None = field(default=None, metadata=_OMIT_NONE)
+    # torch.compile graphs that ran op by op (priced as eager ops, not as fused
+    # kernels), over all ranks: reason, graphs, ranks. Absent when none did.
+    compile_fallbacks: list[dict[str, Any]] | None = field(default=None, metadata=_OMIT_NONE)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -674,6 +686,14 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
             acc["count"] += int(read["count"])
             acc["ranks"].append(s.rank)
 
+    fallbacks: dict[str, dict[str, Any]] = {}
+    for s in snaps:
+        for reason in s.compile_fallbacks or ():
+            acc = fallbacks.setdefault(reason, {"reason": reason, "graphs": 0, "ranks": []})
+            acc["graphs"] += 1
+            if s.rank not in acc["ranks"]:
+                acc["ranks"].append(s.rank)
+
     breakdowns = [d.breakdown for d in devices if d.breakdown is not None]
     summary = Breakdown.mean(breakdowns) if breakdowns and len(breakdowns) == len(devices) else None
 
@@ -706,6 +726,7 @@ def merge(snapshots: Iterable[RankSnapshot], samples_per_iteration: int | None =
         fp32_matmul_precision=fp32_matmul_precision(snaps),
         fp32_matmul_counts=fp32_matmul_counts(snaps),
         throughput=measured,
+        compile_fallbacks=sorted(fallbacks.values(), key=lambda f: -f["graphs"]) or None,
     )
 
 

@@ -169,11 +169,20 @@ def _timing_only(report: RunReport) -> list[str]:
     if report.mode != "timing":
         return []
     lines = ["timing-only mode: floating-point zion tensors had no host bytes; times and memory are modeled as in "
-             "real mode"]
+             "real mode" + (", except torch.compile's graphs, which ran op by op (below)" if report.compile_fallbacks
+                            else "")]
     if report.placeholders:
         lines.append("placeholder reads (storage-less values read by the host, 0 stood in):")
         lines += [f"  {r['site'] or '(unknown site)'}  {r['what']}  {r['dtype']}  x{r['count']}"
                   for r in report.placeholders]
+    return lines
+
+
+def _compile_fallbacks(report: RunReport) -> list[str]:
+    if not report.compile_fallbacks:
+        return []
+    lines = ["", "torch.compile graphs that ran op by op (priced as eager ops, not as fused kernels):"]
+    lines += [f"  {f['reason']}  x{f['graphs']}" for f in report.compile_fallbacks[:10]]
     return lines
 
 
@@ -190,7 +199,7 @@ def format_text(report: RunReport) -> str:
         lines.append(f"(partial: rank(s) {', '.join(map(str, missing))} left no report)")
     lines.append(f"== zion-emu report: platform {report.platform}, {report.ranks} rank(s) ==")
     for section in (_summary, _precision, _world, _timing_only, _inference, _breakdown, _devices, _compiled, _sockets, _links,
-                    _top_ops, _guessed):
+                    _top_ops, _guessed, _compile_fallbacks):
         lines += section(report)
     if report.cuda_compat_remapped:
         lines += ["", "--cuda-compat remapped: " + ", ".join(f"{k} x{v}"
