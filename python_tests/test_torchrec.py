@@ -246,6 +246,28 @@ def test_a_fused_backward_reads_and_writes_each_row_with_its_optimizer_state(opt
     assert not cost.guessed
 
 
+def test_the_per_sample_weights_gradient_gathers_each_looked_up_row_once():
+    # It was priced by the default guess: a read of the whole table every step.
+    from zion_emu import sim
+
+    p = zion_emu.load_platform("zion")
+    model = sim.OpCostModel.for_oam(p)
+    B, T, D, L, ROWS = 32, 2, 16, 100, 1_000_000
+    f32, i64, i32 = (lambda n: sim.TensorDesc([n], "fp32")), (lambda n: sim.TensorDesc([n], "int64")), \
+        (lambda n: sim.TensorDesc([n], "int32"))
+    # Schema order (max_D is not a tensor): grad_output, host/dev/uvm/lxu weights, placements, weights_offsets,
+    # D_offsets, indices, offsets, lxu_cache_locations, feature_requires_grad; one value per lookup out.
+    inputs = [sim.TensorDesc([B, T * D], "fp32"), f32(T * ROWS * D), f32(0), f32(0), f32(0), i32(T), i64(T),
+              i32(T + 1), i64(L), i64(B * T + 1), i32(0), i32(0)]
+    cost = model.cost(sim.OpCall("fbgemm::split_embedding_codegen_grad_indice_weights_pt2_wrapper", inputs, [f32(L)]))
+    hbm = 1000e9
+    streamed = 4 * B * T * D + 8 * L + 8 * (B * T + 1) + 4 * L
+    gathered = 4 * L * D
+    assert cost.work.gathered_bytes == gathered and cost.work.bytes == streamed and cost.work.flops == 2 * L * D
+    assert cost.device_time == pytest.approx(streamed / (hbm * 0.8) + gathered / (hbm * 0.4), rel=1e-12)
+    assert not cost.guessed
+
+
 def test_fbgemm_ops_with_cpu_only_autograd_give_zion_the_cpu_gradients():
     # permute_pooled_embs_auto_grad_split (column-wise sharding's permute of
     # pooled embeddings) has an AutogradCPU kernel only: on zion it ran below

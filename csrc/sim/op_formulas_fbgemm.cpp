@@ -41,6 +41,8 @@ constexpr TbeLayout kBackwardLayout{1, 4, 7, 9};
 constexpr TbeLayout kDenseForwardLayout{0, 1, 2, 4};
 // split_embedding_backward_codegen_dense_cpu; grad_output is inputs[0].
 constexpr TbeLayout kDenseBackwardLayout{1, 1, 3, 5};
+// split_embedding_codegen_grad_indice_weights_pt2_wrapper; grad_output is inputs[0].
+constexpr TbeLayout kGradIndiceWeightsLayout{1, 4, 7, 8};
 
 struct Lookups {
   double count = 0;        // L
@@ -124,6 +126,20 @@ OpWork tbe_dense_backward(const OpCall& call) {
                    2 * added * call.outputs[0].element_size);
 }
 
+// The gradient of weighted features' per-sample weights: for each lookup,
+// the dot product of its row (gathered) with its bag's gradient; the
+// gradient [B, total_D] and the indices stream in, one value per lookup out.
+OpWork tbe_grad_indice_weights(const OpCall& call) {
+  const char* expected = "inputs (grad_output [B, total_D], weights, ..., D_offsets, indices, offsets, ...) and "
+                         "one output";
+  if (call.inputs.empty() || call.outputs.empty()) bad_call(call, expected);
+  const TensorDesc& grad = call.inputs[0];
+  const Lookups l = read_lookups(call, kGradIndiceWeightsLayout, grad, expected);
+  const double gathered = l.count * l.row_elements;
+  return make_work(OpClass::kEmbeddingBag, 2 * gathered, grad.bytes() + l.index_bytes + call.outputs[0].bytes(),
+                   gathered * l.weight_element_size);
+}
+
 // Index and length shuffles (permute, bucketize, cumsum, bounds checks):
 // one pass, each input read once and each output written once.
 OpWork sparse_data_pass(const OpCall& call) { return make_work(OpClass::kElementwise, 0, io_bytes(call)); }
@@ -134,6 +150,7 @@ std::vector<std::pair<std::string, WorkFormula>> fbgemm_op_formulas() {
   std::vector<std::pair<std::string, WorkFormula>> table;
   auto add = [&table](const std::string& name, WorkFormula f) { table.emplace_back("fbgemm::" + name, std::move(f)); };
 
+  add("split_embedding_codegen_grad_indice_weights_pt2_wrapper", tbe_grad_indice_weights);
   for (const char* weighting : {"unweighted", "weighted"}) {
     add(std::string("split_embedding_codegen_forward_") + weighting + "_pt2_wrapper", tbe_forward(kForwardLayout));
     const std::string backward = std::string("split_embedding_backward_codegen_");
