@@ -139,16 +139,24 @@ WEIGHTED_SNIPPET = """
     lookups = (torch.arange(192) * 7 % 1000).to(d)
     per_sample = torch.rand(192).to(d).requires_grad_()
     tbe(lookups, torch.arange(0, 193, 3).to(d), per_sample_weights=per_sample).sum().backward()
+    # A sequence (no-bag) lookup with Adagrad fused, as torchrec's EmbeddingCollection runs it.
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    nobag = SplitTableBatchedEmbeddingBagsCodegen([(1000, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                                                  optimizer=EmbOptimType.EXACT_ADAGRAD, learning_rate=0.1,
+                                                  pooling_mode=PoolingMode.NONE, device=d)
+    rows = nobag(lookups[:96], torch.arange(0, 97, 3).to(d))
+    rows.sum().backward()
     torch.zion.synchronize()
     print(json.dumps({"mode": zion_emu.mode(), "real": [not _C.device.is_storage_less(t) for t in permuted[:2]],
                       "lengths": permuted[0].tolist(), "indices": permuted[1].tolist(),
-                      "weights_grad": list(per_sample.grad.shape), "clock": zion_emu.clock(),
+                      "weights_grad": list(per_sample.grad.shape), "rows": list(rows.shape),
+                      "guessed": zion_emu.cost.guessed_ops(0), "clock": zion_emu.clock(),
                       "peak": torch.zion.max_memory_allocated(0), "priced": _C.device.priced_ops()}))
 """
 
 
-def test_weighted_features_run_in_timing_only_mode_as_in_real_mode():
-    # fbgemm's permute of a KeyedJaggedTensor with storage-less weights made its lengths and indices storage-less
+def test_weighted_features_and_sequence_lookups_run_in_timing_only_mode_as_in_real_mode():
+    # Sequence (no-bag) lookups had no shape rule in timing-only mode. fbgemm's permute of a KeyedJaggedTensor with storage-less weights made its lengths and indices storage-less
     # (read as zeros, and the run stopped in bounds_check_indices), and the per-sample weights' gradient had no
     # shape rule.
     real, timing = (json.loads(run_python(WEIGHTED_SNIPPET, timeout_s=RUN_TIMEOUT_S, env=child_env(ZION_MODE=mode))
@@ -156,6 +164,7 @@ def test_weighted_features_run_in_timing_only_mode_as_in_real_mode():
     assert (real.pop("mode"), timing.pop("mode")) == ("real", "timing")
     assert timing["real"] == [True, True] and timing["lengths"] == [[2, 1], [1, 2]]
     assert timing["indices"] == [4, 5, 6, 1, 2, 3] and timing["weights_grad"] == [192]
+    assert timing["rows"] == [96, 16] and timing["guessed"] == {}
     assert timing == real
 
 
@@ -266,6 +275,36 @@ def test_the_per_sample_weights_gradient_gathers_each_looked_up_row_once():
     assert cost.work.gathered_bytes == gathered and cost.work.bytes == streamed and cost.work.flops == 2 * L * D
     assert cost.device_time == pytest.approx(streamed / (hbm * 0.8) + gathered / (hbm * 0.4), rel=1e-12)
     assert not cost.guessed
+
+
+def test_a_sequence_lookup_gathers_and_updates_each_looked_up_row():
+    # torchrec's EmbeddingCollection runs fbgemm's no-bag lookup, which was priced by the default guess: a read
+    # of the whole table (and its optimizer state) every step.
+    from zion_emu import sim
+
+    model = sim.OpCostModel.for_oam(zion_emu.load_platform("zion"))
+    D, L, ROWS = 64, 96, 1_000_000
+    f32, i64, i32 = (lambda n: sim.TensorDesc([n], "fp32")), (lambda n: sim.TensorDesc([n], "int64")), \
+        (lambda n: sim.TensorDesc([n], "int32"))
+    # Forward, schema order (D is an int): host/dev/uvm/lxu weights, placements, weights_offsets,
+    # hash_size_cumsum, indices, offsets, lxu_cache_locations, uvm_cache_stats; out [L, D].
+    lookup = [f32(ROWS * D), f32(0), f32(0), f32(0), i32(1), i64(1), i64(2), i64(L), i64(L + 1), i32(0), i32(0)]
+    forward = model.cost(sim.OpCall("fbgemm::split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper", lookup,
+                                    [sim.TensorDesc([L, D], "fp32")]))
+    hbm = 1000e9
+    index_bytes = 8 * L + 8 * (L + 1)
+    assert forward.work.gathered_bytes == 4 * L * D and forward.work.bytes == index_bytes + 4 * L * D
+    assert forward.device_time == pytest.approx((index_bytes + 4 * L * D) / (hbm * 0.8) + 4 * L * D / (hbm * 0.4),
+                                                rel=1e-12)
+    # Backward with Adagrad fused: grad_output [L, D], the weights, placements, weights_offsets,
+    # hash_size_cumsum, indices, offsets, lxu_cache_locations, then momentum1 host, dev, uvm, placements,
+    # offsets and the learning rate. Each lookup's row and its momentum row are read and written back.
+    state = [f32(ROWS * D), f32(0), f32(0), i32(1), i64(1), sim.TensorDesc([], "fp32")]
+    backward = model.cost(sim.OpCall("fbgemm::split_embedding_nobag_backward_codegen_adagrad_unweighted_pt2_wrapper",
+                                     [sim.TensorDesc([L, D], "fp32"), *lookup[:10], *state], [f32(0)]))
+    touched = 2 * L * (4 * D + 4 * D)
+    assert backward.work.gathered_bytes == touched and backward.work.bytes == 4 * L * D + index_bytes
+    assert not forward.guessed and not backward.guessed
 
 
 def test_fbgemm_ops_with_cpu_only_autograd_give_zion_the_cpu_gradients():

@@ -29,14 +29,21 @@ namespace {
 struct TbeLayout {
   size_t first_weights;  // host_weights; dev, uvm and lxu-cache weights follow
   size_t weights_count;
-  size_t d_offsets;
+  size_t d_offsets;      // unused where `nobag`
   size_t indices;        // offsets follow
+  size_t momentum = 0;   // a fused backward's momentum1_host (dev and uvm follow)
+  // A sequence (no-bag) lookup: its output, or the gradient, is [L, D], one
+  // row per lookup, and its tables share the width D.
+  bool nobag = false;
 };
 
 // The split_embedding_codegen_forward_*_pt2_wrapper ops.
 constexpr TbeLayout kForwardLayout{0, 4, 6, 8};
 // The split_embedding_backward_codegen_*_pt2_wrapper ops; grad_output is inputs[0].
-constexpr TbeLayout kBackwardLayout{1, 4, 7, 9};
+constexpr TbeLayout kBackwardLayout{1, 4, 7, 9, 13};
+// The no-bag (sequence) forward and backward: no D_offsets (an int D), no indice_weights.
+constexpr TbeLayout kNobagForwardLayout{0, 4, 0, 7, 0, true};
+constexpr TbeLayout kNobagBackwardLayout{1, 4, 0, 8, 11, true};
 // dense_embedding_codegen_lookup_function: dev_weights only.
 constexpr TbeLayout kDenseForwardLayout{0, 1, 2, 4};
 // split_embedding_backward_codegen_dense_cpu; grad_output is inputs[0].
@@ -53,8 +60,7 @@ struct Lookups {
 
 Lookups read_lookups(const OpCall& call, const TbeLayout& layout, const TensorDesc& pooled, const char* expected) {
   if (call.inputs.size() < layout.indices + 2 || pooled.sizes.size() != 2) bad_call(call, expected);
-  const TensorDesc& d_offsets = call.inputs[layout.d_offsets];
-  const double features = static_cast<double>(d_offsets.numel()) - 1;
+  const double features = layout.nobag ? 1 : static_cast<double>(call.inputs[layout.d_offsets].numel()) - 1;
   if (features < 1) bad_call(call, expected);
   Lookups l;
   l.count = static_cast<double>(call.inputs[layout.indices].numel());
@@ -67,16 +73,19 @@ Lookups read_lookups(const OpCall& call, const TbeLayout& layout, const TensorDe
 }
 
 // Forward: L rows gathered, one add per gathered element into the pooled
-// output, which is written once.
+// output, which is written once. A no-bag lookup copies each row to its own
+// output row: no adds.
 WorkFormula tbe_forward(TbeLayout layout) {
   return [layout](const OpCall& call) {
-    const char* expected = "the TBE forward's schema inputs (weights, ..., D_offsets, ..., indices, offsets) and "
-                           "a pooled output [B, total_D]";
+    const char* expected = layout.nobag ? "the no-bag TBE forward's schema inputs (weights, ..., indices, offsets) "
+                                          "and an output [L, D]"
+                                        : "the TBE forward's schema inputs (weights, ..., D_offsets, ..., indices, "
+                                          "offsets) and a pooled output [B, total_D]";
     if (call.outputs.empty()) bad_call(call, expected);
     const TensorDesc& pooled = call.outputs[0];
     const Lookups l = read_lookups(call, layout, pooled, expected);
     const double gathered = l.count * l.row_elements;
-    return make_work(OpClass::kEmbeddingBag, gathered, l.index_bytes + pooled.bytes(),
+    return make_work(OpClass::kEmbeddingBag, layout.nobag ? 0 : gathered, l.index_bytes + pooled.bytes(),
                      gathered * l.weight_element_size);
   };
 }
@@ -90,16 +99,18 @@ enum class RowState { kNone, kPerElement, kPerRow };
 // per row). L counts lookups, not distinct rows: fbgemm merges repeats of a
 // row within a batch, so this is an upper bound when indices repeat.
 // `flops_per_element`: the update's arithmetic per element of a row.
-WorkFormula tbe_backward_fused(RowState state, double flops_per_element) {
-  return [state, flops_per_element](const OpCall& call) {
-    const char* expected = "the TBE backward's schema inputs (grad_output [B, total_D], weights, ..., D_offsets, "
-                           "..., indices, offsets, ..., optimizer state)";
+WorkFormula tbe_backward_fused(RowState state, double flops_per_element, TbeLayout layout = kBackwardLayout) {
+  return [state, flops_per_element, layout](const OpCall& call) {
+    const char* expected = layout.nobag ? "the no-bag TBE backward's schema inputs (grad_output [L, D], weights, ..., "
+                                          "indices, offsets, ..., optimizer state)"
+                                        : "the TBE backward's schema inputs (grad_output [B, total_D], weights, ..., "
+                                          "D_offsets, ..., indices, offsets, ..., optimizer state)";
     if (call.inputs.empty()) bad_call(call, expected);
     const TensorDesc& grad = call.inputs[0];
-    const Lookups l = read_lookups(call, kBackwardLayout, grad, expected);
+    const Lookups l = read_lookups(call, layout, grad, expected);
     // The state tensors follow lxu_cache_locations: momentum1 host, dev, uvm.
     int state_element_size = 4;
-    const size_t momentum = kBackwardLayout.indices + 4;
+    const size_t momentum = layout.momentum;
     for (size_t i = momentum; i < momentum + 3 && i < call.inputs.size(); ++i) {
       if (call.inputs[i].numel() > 0) state_element_size = call.inputs[i].element_size;
     }
@@ -163,6 +174,13 @@ std::vector<std::pair<std::string, WorkFormula>> fbgemm_op_formulas() {
     // then w -= (lr / (sqrt(m) + eps)) * g (mul, sub per element).
     add(backward + "rowwise_adagrad" + suffix, tbe_backward_fused(RowState::kPerRow, 4));
   }
+  // Sequence embeddings (torchrec's EmbeddingCollection): the same per row, one output row per lookup.
+  add("split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper", tbe_forward(kNobagForwardLayout));
+  const std::string nobag = "split_embedding_nobag_backward_codegen_";
+  add(nobag + "sgd_unweighted_pt2_wrapper", tbe_backward_fused(RowState::kNone, 2, kNobagBackwardLayout));
+  add(nobag + "adagrad_unweighted_pt2_wrapper", tbe_backward_fused(RowState::kPerElement, 7, kNobagBackwardLayout));
+  add(nobag + "rowwise_adagrad_unweighted_pt2_wrapper",
+      tbe_backward_fused(RowState::kPerRow, 4, kNobagBackwardLayout));
   add("dense_embedding_codegen_lookup_function", tbe_forward(kDenseForwardLayout));
   add("split_embedding_backward_codegen_dense_cpu", tbe_dense_backward);
 

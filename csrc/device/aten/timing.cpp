@@ -329,6 +329,24 @@ void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(std::move(out));
 }
 
+// The no-bag (sequence) forward returns one row of D per lookup: [L, D].
+void tbe_nobag_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto arg = [&](const char* name) -> const c10::IValue& {
+    return (*stack)[stack->size() - n + *schema.argumentIndexWithName(name)];
+  };
+  const int64_t lookups = arg("indices").toTensor().numel();
+  const int64_t d = arg("D").toInt();
+  const int64_t code = arg("output_dtype").toInt();
+  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
+              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
+  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+  at::Tensor out = at::empty({lookups, d}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(out));
+}
+
 // The dense (data-parallel) table's backward returns the gradient of all its weights.
 void tbe_dense_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -369,9 +387,16 @@ TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
                          false);
       }
     }
+    // Sequence embeddings' backward (unweighted only: fbgemm has no weighted no-bag lookup).
+    for (const char* optimizer : {"sgd", "adagrad", "rowwise_adagrad"}) {
+      out.emplace_back(std::string("split_embedding_nobag_backward_codegen_") + optimizer + "_unweighted_pt2_wrapper",
+                       false);
+    }
     return out;
   }();
   m.impl("dense_embedding_codegen_lookup_function", torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
+  m.impl("split_embedding_nobag_codegen_forward_unweighted_pt2_wrapper",
+         torch::CppFunction::makeFromBoxedFunction<&tbe_nobag_forward_meta>());
   m.impl("split_embedding_backward_codegen_dense_cpu",
          torch::CppFunction::makeFromBoxedFunction<&tbe_dense_backward_meta>());
   m.impl("split_embedding_codegen_grad_indice_weights_pt2_wrapper",
