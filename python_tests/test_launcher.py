@@ -155,22 +155,6 @@ def test_two_ranks_all_reduce_traffic_adds_up_over_ranks(tmp_path):
     assert b["communication_exposed_s"] > 0
 
 
-def test_one_process_sees_what_torchrun_sets_for_one_process(tmp_path):
-    # It saw no RANK or WORLD_SIZE: a script that initializes its group from the environment (torchrec's
-    # examples) died with "environment variable RANK expected".
-    script = write(tmp_path, "env_group.py", """
-        import os, torch, torch.distributed as dist
-        import zion_emu.distributed  # noqa: F401
-        dist.init_process_group("zion")
-        x = torch.ones(4, device="zion")
-        dist.all_reduce(x)
-        print("group", dist.get_rank(), dist.get_world_size(), os.environ["LOCAL_RANK"], x.tolist())
-        dist.destroy_process_group()
-    """)
-    done = zion_emu_cli("run", "--quiet-report", str(script), timeout_s=240)
-    assert "group 0 1 0 [1.0, 1.0, 1.0, 1.0]" in done.stdout
-
-
 def test_the_report_lists_torch_compile_graphs_that_ran_op_by_op(tmp_path):
     # A timing-only run that compiles a model said "times and memory are modeled as in real mode", while its
     # graphs ran op by op (priced as eager ops, not as real mode's fused kernels); only a warning said so.

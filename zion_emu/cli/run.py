@@ -323,15 +323,6 @@ def start(args: argparse.Namespace, run_dir: Path, stdout: Any = None, world: Wo
         env.setdefault("OMP_NUM_THREADS", "1")
     if args.nnodes == 1 and args.master_addr in ("127.0.0.1", "localhost"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one node: the ranks talk over loopback
-    if world is None and _nproc(args) == 1 and args.nnodes == 1:
-        # One process runs without torchrun's agent; it still sees what
-        # torchrun --nproc-per-node 1 sets, so a script that initializes its
-        # process group from the environment (env://) runs unchanged.
-        one = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-               "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "MASTER_ADDR": args.master_addr,
-               "MASTER_PORT": str(args.master_port or _free_port())}
-        for name, value in one.items():
-            env.setdefault(name, value)
     # Its own process group: a Ctrl-C reaches this process alone, which passes
     # it on once to the child (see wait).
     return subprocess.Popen(command(args, run_dir, world), env=env, stdout=stdout, start_new_session=True)
