@@ -198,7 +198,8 @@ std::string ProcessGroupZion::device_problem(const char* call, c10::DeviceIndex 
          ", but its tensors are on " + zion + ":" + std::to_string(device) +
          ". In a group of several ranks each rank uses the device of its LOCAL_RANK, as NCCL needs one GPU per "
          "rank: call torch." + zion + ".set_device(int(os.environ['LOCAL_RANK'])) (torch.cuda.set_device under "
-         "--cuda-compat) before making the tensors";
+         "--cuda-compat) before making the tensors. A rank started by torch.multiprocessing.spawn inherits its "
+         "parent's LOCAL_RANK: set os.environ['LOCAL_RANK'] to the rank's device before init_process_group";
 }
 
 std::string ProcessGroupZion::root_problem(const char* call, int64_t root) const {
