@@ -544,6 +544,8 @@ struct TimingFacts {
   enum class Mask : uint8_t { kNone, kIndex, kMaskedSelect } mask = Mask::kNone;
   // The arguments it writes (in place, out=).
   c10::SmallVector<int, 2> written_args;
+  // An fbgemm op with per-sample `weights` (see carries_weights_only).
+  bool fbgemm_with_weights = false;
   // Whether the CPU has a kernel for it (its own or a generic one): real mode
   // refuses an op it has none for, and so must this mode.
   bool runs_on_cpu = true;
@@ -577,6 +579,7 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
       if (name != "index" && name != "indices") f.positions_only_index = false;
     }
     if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite()) f.written_args.push_back(static_cast<int>(i));
+    if (name == "weights" && schema.name().rfind("fbgemm::", 0) == 0) f.fbgemm_with_weights = true;
   }
   return f;
 }
@@ -588,7 +591,6 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
 // weights, runs its CPU kernel with zeros standing in for them, so its
 // lengths and indices are real mode's; its float results are storage-less.
 bool carries_weights_only(const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
-  if (schema.name().rfind("fbgemm::", 0) != 0) return false;
   const size_t n = schema.arguments().size();
   bool weights = false;
   for (size_t i = 0; i < n; ++i) {
@@ -635,7 +637,7 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     embedding_bag_without_bytes(op, stack);
     return;
   }
-  if (carries_weights_only(schema, stack)) {
+  if (facts.fbgemm_with_weights && carries_weights_only(schema, stack)) {
     run_with_zero_weights(op, stack);
     return;
   }
