@@ -244,6 +244,73 @@ def test_a_compiled_pointwise_block_is_one_kernel_reading_x_and_writing_out_once
     torch.testing.assert_close(compiled_out.cpu(), eager_out.cpu(), rtol=1.3e-6, atol=1e-5)
 
 
+def compiled_bytes(fn, *args):
+    """Kernels and bytes one call of ``torch.compile(fn)`` adds, after the
+    compiling call; and its result beside eager CPU's."""
+    compiled = torch.compile(fn)
+    compiled(*args)
+    torch.zion.synchronize()
+    before = counters()
+    out = compiled(*args)
+    torch.zion.synchronize()
+    after = counters()
+    torch.testing.assert_close(out.cpu(), fn(*(a.cpu() for a in args)))
+    return after.compiled_kernels - before.compiled_kernels, after.bytes - before.bytes
+
+
+def test_a_compiled_kernel_is_charged_the_elements_it_touches_not_its_whole_arguments():
+    # A slice: 4096 rows x 8 of a 4096 x 4096 float tensor read, as many written.
+    x = torch.randn(4096, 4096, device="zion")
+    assert compiled_bytes(lambda t: t[:, :8] * 2 + 1, x) == (1, 4096 * 8 * 4 * 2)
+    # A gather: 256 rows of 64 floats from a table of 2^20 rows, the 256
+    # int64 indices, and the 256 x 64 output.
+    table = torch.randn(1 << 20, 64, device="zion")
+    idx = torch.randint(0, 1 << 20, (256,), device="zion")
+    lookup = 256 * 64 * 4 + 256 * 8
+    assert compiled_bytes(lambda w, i: torch.nn.functional.embedding(i, w) * 2, table, idx) == (1, lookup + 256 * 64 * 4)
+    # Gathered and summed in the kernel: the output is 256 floats.
+    assert compiled_bytes(lambda w, i: w[i].sum(dim=1), table, idx) == (1, lookup + 256 * 4)
+    # A row broadcast along a dimension is read once: 1024 x 1024 plus 1024, written 1024 x 1024.
+    a, row = torch.randn(1024, 1024, device="zion"), torch.randn(1024, device="zion")
+    assert compiled_bytes(lambda t, r: t * r + 1, a, row) == (1, (2 * 1024 * 1024 + 1024) * 4)
+    # x + x.T reads x in two orders: still each element once, at most the whole buffer.
+    sq = torch.randn(2048, 2048, device="zion")
+    assert compiled_bytes(lambda t: t + t.t(), sq) == (1, 2 * 2048 * 2048 * 4)
+
+
+def test_with_dynamic_shapes_a_gather_is_charged_at_most_its_whole_table():
+    compiled = torch.compile(lambda w, i: w[i] * 2, dynamic=True)
+    for rows, lookups in ((100, 50), (20, 50), (30, 400)):
+        table = torch.randn(rows, 16, device="zion")
+        idx = torch.randint(0, rows, (lookups,), device="zion")
+        compiled(table, idx)
+        torch.zion.synchronize()
+        before = counters()
+        compiled(table, idx)
+        torch.zion.synchronize()
+        after = counters()
+        # min(rows looked up, rows in the table) read, the indices, the output
+        expected = min(lookups, rows) * 16 * 4 + lookups * 8 + lookups * 16 * 4
+        assert after.compiled_kernels - before.compiled_kernels == 1 and after.bytes - before.bytes == expected
+
+
+def test_a_compile_after_zions_pricing_changed_does_not_reuse_the_cached_wrapper(monkeypatch):
+    from zion_emu.inductor.compile_fx import CacheSalt
+
+    cache = torch._dynamo.utils.counters["inductor"]
+    x = torch.randn(64, device="zion")
+    torch.compile(pointwise_block)(x)
+    torch._dynamo.reset()
+    hits = cache["fxgraph_cache_hit"]
+    torch.compile(pointwise_block)(x)  # the same pricing: inductor's FX graph cache has it
+    assert cache["fxgraph_cache_hit"] == hits + 1
+    torch._dynamo.reset()
+    monkeypatch.setattr(CacheSalt, "pricing", CacheSalt.pricing + " changed")
+    hits, misses = cache["fxgraph_cache_hit"], cache["fxgraph_cache_miss"]
+    torch.compile(pointwise_block)(x)
+    assert cache["fxgraph_cache_hit"] == hits and cache["fxgraph_cache_miss"] == misses + 1
+
+
 def test_with_dynamic_shapes_a_kernel_is_priced_from_the_sizes_it_runs_at():
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled = torch.compile(pointwise_block, dynamic=True)

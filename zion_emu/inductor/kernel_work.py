@@ -2,8 +2,15 @@
 FLOPs, read from the kernel's arguments and loop bodies while it is generated.
 
 A fused kernel keeps its intermediates in registers, so its memory traffic is
-its argument buffers: each input read once, each output written once, each
-buffer it updates in place read and written (inductor's ``KernelArgs``). Its
+its argument buffers (inductor's ``KernelArgs``): the elements of each input
+it reads, once, the elements of each output it writes, once, and both for each
+buffer it updates in place. Which elements those are comes from its loop
+bodies' memory dependencies, as inductor's scheduler counts a kernel's bytes
+(``get_read_write_buffer_accesses``): a load indexed by some of the loop
+variables touches the points of those variables (a slice of a buffer, a row
+broadcast along a dimension), a load through an index read from memory (a
+gather, an embedding lookup) touches at most one element per point of its loop
+nest, and never more than the whole buffer. Its
 FLOPs are the arithmetic ops of each loop body (``LoopBody.op_counts``, one
 FLOP per op, as zion's eager formulas count one per element for ``relu`` or
 ``sigmoid``) times the points of its loop nest. With dynamic shapes both are
@@ -65,22 +72,25 @@ def kernel_work(args: Any, nodes: Iterable[Any]) -> KernelWork:
     from torch._inductor.utils import unique
     from torch._inductor.virtualized import V
 
-    def buffer_bytes(name: str) -> Any:
-        buf = V.graph.get_buffer(name)
+    nodes = list(nodes)
+    reads, writes = _deps_by_buffer(nodes)
+
+    def buffer_bytes(names: list[str], deps: dict[str, set[Any]]) -> Any:
+        buf = V.graph.get_buffer(names[-1])
         dtypes.append(buf.get_dtype())
-        return _numel(buf.get_size()) * buf.get_dtype().itemsize
+        return _elements_touched(buf, [dep for name in names for dep in deps.get(name, ())]) * buf.get_dtype().itemsize
 
     dtypes: list[torch.dtype] = []
     nbytes: Any = sympy.Integer(0)
     for inplaced in unique(args.inplace_buffers.values()):
-        if not isinstance(inplaced, RemovedArg):
-            nbytes += 2 * buffer_bytes(inplaced.other_names[-1])  # read, then written in place
+        if not isinstance(inplaced, RemovedArg):  # read, then written in place
+            nbytes += buffer_bytes(inplaced.other_names, reads) + buffer_bytes(inplaced.other_names, writes)
     for outer in args.input_buffers:
         if outer not in args.inplace_buffers:
-            nbytes += buffer_bytes(outer)
+            nbytes += buffer_bytes([outer], reads)
     for outer, inner in args.output_buffers.items():
         if outer not in args.inplace_buffers and not isinstance(inner, RemovedArg):
-            nbytes += buffer_bytes(outer)
+            nbytes += buffer_bytes([outer], writes)
 
     flops: Any = sympy.Integer(0)
     reduction = False
@@ -92,3 +102,37 @@ def kernel_work(args: Any, nodes: Iterable[Any]) -> KernelWork:
     simplify = V.graph.sizevars.simplify
     return KernelWork(bytes=simplify(nbytes), flops=simplify(flops),
                       op_class="reduction" if reduction else "elementwise", dtype=_model_dtype(dtypes))
+
+
+def _deps_by_buffer(nodes: list[Any]) -> tuple[dict[str, set[Any]], dict[str, set[Any]]]:
+    """The memory dependencies of a kernel's scheduler nodes, reads and
+    writes, by buffer name. Deps of fused nodes are normalized alike, so a
+    load two nodes share counts once."""
+    reads: dict[str, set[Any]] = {}
+    writes: dict[str, set[Any]] = {}
+    for node in nodes:
+        for deps, by_name in ((node.read_writes.reads, reads), (node.read_writes.writes, writes)):
+            for dep in deps:
+                by_name.setdefault(dep.name, set()).add(dep)
+    return reads, writes
+
+
+def _elements_touched(buf: Any, deps: list[Any]) -> Any:
+    """How many of ``buf``'s elements its dependencies in one kernel touch:
+    the sum over distinct accesses, at most the whole buffer; the whole
+    buffer where no dependency says which (an access through an opaque
+    call)."""
+    from torch._inductor.dependencies import MemoryDep, StarDep, WeakDep
+
+    whole = _numel(buf.get_size())
+    touched: Any = sympy.Integer(0)
+    for dep in deps:
+        if isinstance(dep, WeakDep):  # orders two kernels; moves nothing
+            continue
+        if isinstance(dep, StarDep) or not isinstance(dep, MemoryDep):
+            return whole
+        # A load through an index read from memory: one element per point.
+        touched += _numel(dep.size) if dep.is_indirect() else dep.get_numel()
+    if touched == 0:
+        return whole
+    return sympy.Min(touched, whole)
