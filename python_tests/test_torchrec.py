@@ -307,6 +307,115 @@ def test_a_sequence_lookup_gathers_and_updates_each_looked_up_row():
     assert not forward.guessed and not backward.guessed
 
 
+VBE_SNIPPET = """
+    import json, torch, zion_emu
+    from zion_emu import _C
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    # Variable batch per feature: feature 0 has 3 bags, feature 1 has 5.
+    lengths = torch.tensor([2, 0, 4, 1, 3, 3, 2, 5])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    indices = torch.arange(int(lengths.sum())) * 37 % 1000
+
+    def step(device, optimizer):
+        torch.manual_seed(0)
+        specs = [(1000, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)] * 2
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=0.1, device=device)
+        with torch.no_grad():
+            tbe.weights_host.copy_(torch.randn(tbe.weights_host.shape).to(device))
+        out = tbe(indices.to(device), offsets.to(device), batch_size_per_feature_per_rank=[[3], [5]])
+        (out * torch.arange(out.numel(), dtype=torch.float).to(device)).sum().backward()
+        return out.detach().cpu(), tbe.weights_host.detach().cpu()
+
+    got = {"mode": zion_emu.mode()}
+    zion_emu.reset_clock()
+    for name, optimizer in (("sgd", EmbOptimType.EXACT_SGD), ("rowwise_adagrad", EmbOptimType.EXACT_ROWWISE_ADAGRAD)):
+        cpu = step("cpu", optimizer)
+        zion = step(torch.device("zion", 0), optimizer)
+        got[name] = [list(zion[0].shape), torch.equal(zion[0], cpu[0]), torch.equal(zion[1], cpu[1])]
+
+    # torchrec expands a variable batch's pooled rows to the full batch with batch_index_select_dim0.
+    def expand(device):
+        torch.manual_seed(0)
+        flat = torch.randn(5 * 16 + 3 * 8).to(device).requires_grad_()   # 5 rows of 16 and 3 rows of 8
+        rows = torch.tensor([4, 0, 4, 1, 2, 0]).to(device)                # 4 rows of the first, 2 of the second
+        out = torch.ops.fbgemm.batch_index_select_dim0(flat, rows, [4, 2], [5, 3], [16, 8], False)
+        (out * torch.arange(out.numel(), dtype=torch.float).to(device)).sum().backward()
+        return out.detach().cpu(), flat.grad.cpu()
+
+    cpu, zion = expand("cpu"), expand(torch.device("zion", 0))
+    got["expand"] = [list(zion[0].shape), list(zion[1].shape), torch.equal(zion[0], cpu[0]),
+                     torch.equal(zion[1], cpu[1])]
+    torch.zion.synchronize()
+    totals = _C.timeline.label_totals()
+    got.update({"forward": totals["fbgemm::split_embedding_codegen_forward_unweighted_vbe_pt2_wrapper"],
+                "sgd_backward": totals["fbgemm::split_embedding_backward_codegen_sgd_unweighted_vbe_pt2_wrapper"],
+                "rowwise_backward": totals[
+                    "fbgemm::split_embedding_backward_codegen_rowwise_adagrad_unweighted_vbe_pt2_wrapper"],
+                "guessed": zion_emu.cost.guessed_ops(0), "clock": zion_emu.clock(),
+                "peak": torch.zion.max_memory_allocated(0), "priced": _C.device.priced_ops()})
+    print(json.dumps(got))
+"""
+
+
+def test_a_variable_batch_lookup_takes_its_closed_form_time_and_runs_in_timing_only_mode():
+    # Variable-batch (VBE) lookups were priced by the default guess, a read of the whole table, and had no shape
+    # rule in timing-only mode; the expansion to the full batch failed in timing-only mode (its backward's size
+    # is data-dependent) and was priced from no outputs in real mode (it returns a list).
+    real, timing = (json.loads(run_python(VBE_SNIPPET, timeout_s=RUN_TIMEOUT_S, env=child_env(ZION_MODE=mode))
+                               .stdout.strip().splitlines()[-1]) for mode in ("real", "timing"))
+    assert (real.pop("mode"), timing.pop("mode")) == ("real", "timing")
+    # Real mode: the CPU's pooled rows and updated weights; 8 bags of 16 in one flat output.
+    assert real["sgd"] == [[128], True, True] and real["rowwise_adagrad"] == [[128], True, True]
+    assert real["guessed"] == {}
+    hbm = 1000e9
+    stream, gather = hbm * 0.8, hbm * 0.4          # zion's elementwise and embedding random-access efficiencies
+    L, D, bags = 20, 16, 8
+    index_bytes = 8 * L + 8 * (bags + 1)           # int64 indices and offsets
+    flat_bytes = 4 * bags * D                      # the flat pooled output, or its gradient
+    forward = (index_bytes + flat_bytes) / stream + 4 * L * D / gather
+    assert real["forward"] == [pytest.approx(2 * forward, rel=1e-9), 2]  # once per optimizer
+    assert real["sgd_backward"] == [pytest.approx((flat_bytes + index_bytes) / stream + 2 * L * 4 * D / gather,
+                                                  rel=1e-9), 1]
+    assert real["rowwise_backward"] == [pytest.approx((flat_bytes + index_bytes) / stream
+                                                      + 2 * L * (4 * D + 4) / gather, rel=1e-9), 1]
+    assert real["expand"] == [[80], [104], True, True]
+    # Timing-only mode: the same shapes, times, memory and priced ops (the expansion runs its CPU kernels on
+    # zeros for the rows, so the sizes its backward reads are real).
+    assert timing.pop("sgd")[0] == [128] and timing.pop("rowwise_adagrad")[0] == [128]
+    assert timing.pop("expand")[:2] == [[80], [104]]
+    real.pop("sgd"), real.pop("rowwise_adagrad"), real.pop("expand")
+    assert timing == real
+
+
+def test_expanding_a_variable_batch_to_the_full_batch_gathers_each_selected_row():
+    # batch_index_select_dim0, with which torchrec expands a variable-batch lookup's rows, was priced by the
+    # default guess: a read of its whole input.
+    from zion_emu import sim
+
+    model = sim.OpCostModel.for_oam(zion_emu.load_platform("zion"))
+    ROWS, COLS, N = 100_000, 64, 512           # 512 rows selected from 100k rows of 64 fp32
+    f32, i64 = (lambda n: sim.TensorDesc([n], "fp32")), (lambda n: sim.TensorDesc([n], "int64"))
+    small = [i64(1)] * 5                      # the forward's integer outputs (sizes, numels, saved)
+    forward = model.cost(sim.OpCall("fbgemm::batch_index_select_dim0_forward_cpu_impl",
+                                    [f32(ROWS * COLS), i64(N)], [f32(N * COLS), *small]))
+    hbm = 1000e9
+    assert forward.work.gathered_bytes == 4 * N * COLS and forward.work.bytes == 8 * N + 4 * N * COLS + 40
+    assert forward.device_time == pytest.approx((8 * N + 4 * N * COLS + 40) / (hbm * 0.8) + 4 * N * COLS / (hbm * 0.4),
+                                                rel=1e-12)
+    # Backward: grad_output, indices, indices_numels, num_indices, rows, columns, saved; the input-sized
+    # gradient is zeroed, and each gradient element added into a row of it.
+    backward = model.cost(sim.OpCall("fbgemm::batch_index_select_dim0_backward_cpu_impl",
+                                     [f32(N * COLS), i64(N), *small], [f32(ROWS * COLS)]))
+    streamed = 4 * N * COLS + 8 * N + 40 + 4 * ROWS * COLS
+    assert backward.work.gathered_bytes == 2 * 4 * N * COLS and backward.work.bytes == streamed
+    assert backward.work.flops == N * COLS
+    assert not forward.guessed and not backward.guessed
+
+
 def test_fbgemm_ops_with_cpu_only_autograd_give_zion_the_cpu_gradients():
     # permute_pooled_embs_auto_grad_split (column-wise sharding's permute of
     # pooled embeddings) has an AutogradCPU kernel only: on zion it ran below

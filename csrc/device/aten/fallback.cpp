@@ -353,9 +353,13 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  PricedOutputs outputs;
+  PricedOutputs outputs;  // a returned list's tensors too (fbgemm's batch_index_select returns its rows so)
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
-    if (it->isTensor()) outputs.push_back(it->toTensor());
+    if (it->isTensor()) {
+      outputs.push_back(it->toTensor());
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorList()) outputs.push_back(t);
+    }
   }
   charge_call(op, call, outputs);
 }

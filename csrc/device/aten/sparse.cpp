@@ -365,6 +365,7 @@ void sparse_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       } else if (it->isTensorList()) {
         c10::List<at::Tensor> out;
         for (const at::Tensor& t : it->toTensorList()) out.push_back(call.to_zion(t));
+        for (const at::Tensor& t : out) outputs.push_back(t);  // priced as the dense fallback prices a list
         *it = out;
       }
     }

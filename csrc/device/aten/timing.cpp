@@ -347,6 +347,27 @@ void tbe_nobag_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* st
   stack->emplace_back(std::move(out));
 }
 
+// A variable-batch (VBE) forward returns every bag's pooled row in one flat
+// tensor of vbe_output_size elements. Given a vbe_output to write into, the
+// CPU kernel returns that tensor; timing-only mode has no rule for the alias.
+void tbe_vbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  auto arg = [&](const char* name) -> const c10::IValue& {
+    return (*stack)[stack->size() - n + *schema.argumentIndexWithName(name)];
+  };
+  TORCH_CHECK(arg("vbe_output").isNone(), "zion timing-only: ", schema.operator_name(),
+              " given a vbe_output to write into has no shape rule (without one it has)");
+  const int64_t code = arg("output_dtype").toInt();
+  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
+              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
+  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+  at::Tensor out =
+      at::empty({arg("vbe_output_size").toInt()}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(out));
+}
+
 // The dense (data-parallel) table's backward returns the gradient of all its weights.
 void tbe_dense_backward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -387,6 +408,14 @@ TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
                          false);
       }
     }
+    // Variable-batch lookups' backward (fbgemm has them for SGD and row-wise Adagrad).
+    for (const char* weighting : {"unweighted", "weighted"}) {
+      for (const char* optimizer : {"sgd", "rowwise_adagrad"}) {
+        out.emplace_back(std::string("split_embedding_backward_codegen_") + optimizer + "_" + weighting +
+                             "_vbe_pt2_wrapper",
+                         false);
+      }
+    }
     // Sequence embeddings' backward (unweighted only: fbgemm has no weighted no-bag lookup).
     for (const char* optimizer : {"sgd", "adagrad", "rowwise_adagrad"}) {
       out.emplace_back(std::string("split_embedding_nobag_backward_codegen_") + optimizer + "_unweighted_pt2_wrapper",
@@ -401,6 +430,12 @@ TORCH_LIBRARY_IMPL(fbgemm, Meta, m) {
          torch::CppFunction::makeFromBoxedFunction<&tbe_dense_backward_meta>());
   m.impl("split_embedding_codegen_grad_indice_weights_pt2_wrapper",
          torch::CppFunction::makeFromBoxedFunction<&tbe_grad_indice_weights_meta>());
+  m.impl("split_embedding_codegen_grad_indice_weights_vbe_pt2_wrapper",
+         torch::CppFunction::makeFromBoxedFunction<&tbe_grad_indice_weights_meta>());
+  for (const char* name : {"split_embedding_codegen_forward_unweighted_vbe_pt2_wrapper",
+                           "split_embedding_codegen_forward_weighted_vbe_pt2_wrapper"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&tbe_vbe_forward_meta>());
+  }
   for (const auto& [name, forward] : ops) {
     if (forward) {
       m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&tbe_forward_meta>());
@@ -544,8 +579,8 @@ struct TimingFacts {
   enum class Mask : uint8_t { kNone, kIndex, kMaskedSelect } mask = Mask::kNone;
   // The arguments it writes (in place, out=).
   c10::SmallVector<int, 2> written_args;
-  // An fbgemm op with per-sample `weights` (see carries_weights_only).
-  bool fbgemm_with_weights = false;
+  // The float argument for which zeros may stand in (see storage_less_only_in).
+  const char* zeros_for = nullptr;
   // Whether the CPU has a kernel for it (its own or a generic one): real mode
   // refuses an op it has none for, and so must this mode.
   bool runs_on_cpu = true;
@@ -579,30 +614,40 @@ TimingFacts read_timing_facts(const c10::OperatorHandle& op) {
       if (name != "index" && name != "indices") f.positions_only_index = false;
     }
     if (arguments[i].alias_info() && arguments[i].alias_info()->isWrite()) f.written_args.push_back(static_cast<int>(i));
-    if (name == "weights" && schema.name().rfind("fbgemm::", 0) == 0) f.fbgemm_with_weights = true;
+    if (name == "weights" && schema.name().rfind("fbgemm::", 0) == 0) f.zeros_for = "weights";
   }
+  if (schema.name() == "fbgemm::batch_index_select_dim0_forward_cpu_impl") f.zeros_for = "inputs";
+  if (schema.name() == "fbgemm::batch_index_select_dim0_backward_cpu_impl") f.zeros_for = "grad_output";
   return f;
 }
 
-// fbgemm's sparse-feature ops (permute_2D_sparse_data,
+// fbgemm ops whose integer results depend on their integer arguments alone:
+// the sparse-feature ops (permute_2D_sparse_data,
 // block_bucketize_sparse_features, ...) carry per-sample `weights` beside the
-// lengths and indices they reorder: their integer results depend on the
-// integers alone. Such an op, whose only storage-less arguments are its
-// weights, runs its CPU kernel with zeros standing in for them, so its
-// lengths and indices are real mode's; its float results are storage-less.
-bool carries_weights_only(const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
+// lengths and indices they reorder, and batch_index_select_dim0 (torchrec
+// expands a variable-batch lookup's rows with it) returns the sizes its
+// backward reads beside the rows it selects. Such an op, whose only
+// storage-less argument is that float one, runs its CPU kernel with zeros
+// standing in for it, so its integer results are real mode's (and a shape
+// that depends on them); its float results are storage-less. The zeros take
+// host memory of that argument's size for the call.
+bool storage_less_only_in(const char* name, const c10::FunctionSchema& schema, const torch::jit::Stack* stack) {
   const size_t n = schema.arguments().size();
-  bool weights = false;
+  bool found = false;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = (*stack)[stack->size() - n + i];
     if (!v.isTensor() || !is_storage_less(v.toTensor())) continue;
-    if (schema.arguments()[i].name() != "weights" || !is_float(v.toTensor())) return false;
-    weights = true;
+    if (schema.arguments()[i].name() != name || !is_float(v.toTensor())) return false;
+    found = true;
   }
-  return weights;
+  return found;
 }
 
-void run_with_zero_weights(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+at::Tensor result_on_zion(const at::Tensor& t, AliasSet& aliases, c10::DeviceIndex device) {
+  return is_float(t) ? storage_less_result(t, -1, 0, device) : aliases.to_zion(t);
+}
+
+void run_on_zeros(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
   auto args = stack->end() - static_cast<std::ptrdiff_t>(n);
@@ -622,9 +667,15 @@ void run_with_zero_weights(const c10::OperatorHandle& op, torch::jit::Stack* sta
   aliases.commit();
   std::vector<at::Tensor> outputs;
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(schema.returns().size()); it != stack->end(); ++it) {
+    if (it->isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : it->toTensorList()) list.push_back(result_on_zion(t, aliases, device));
+      for (const at::Tensor& t : list) outputs.push_back(t);
+      *it = list;
+      continue;
+    }
     if (!it->isTensor() || !it->toTensor().defined()) continue;
-    const at::Tensor t = it->toTensor();
-    *it = is_float(t) ? storage_less_result(t, -1, 0, device) : aliases.to_zion(t);
+    *it = result_on_zion(it->toTensor(), aliases, device);
     outputs.push_back(it->toTensor());
   }
   charge_op(op, device, inputs, outputs);
@@ -637,8 +688,8 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     embedding_bag_without_bytes(op, stack);
     return;
   }
-  if (facts.fbgemm_with_weights && carries_weights_only(schema, stack)) {
-    run_with_zero_weights(op, stack);
+  if (facts.zeros_for != nullptr && storage_less_only_in(facts.zeros_for, schema, stack)) {
+    run_on_zeros(op, stack);
     return;
   }
   if (!facts.runs_on_cpu) refuse_op_without_cpu_kernel(schema.operator_name());
@@ -737,6 +788,9 @@ void timing_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (auto it = stack->end() - static_cast<std::ptrdiff_t>(num_returns); it != stack->end(); ++it) {
     *it = call.convert_result(std::move(*it));
     if (it->isTensor() && it->toTensor().defined()) outputs.push_back(it->toTensor());
+    if (it->isTensorList()) {  // priced as in real mode (fallback.cpp)
+      for (const at::Tensor& t : it->toTensorList()) outputs.push_back(t);
+    }
   }
   charge_op(op, call.device, call.inputs, outputs);
 }
