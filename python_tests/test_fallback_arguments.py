@@ -39,6 +39,32 @@ def test_an_output_that_is_also_an_input_is_not_resized_to_the_broadcast_shape(r
         assert _error(run, "zion") == message == "output with shape [3] doesn't match the broadcast shape [2, 3]"
 
 
+@pytest.mark.parametrize("shape,message", [
+    ((3,), "2D tensor expected, got 1D tensor for input"),
+    ((), "2D tensor expected, got 0D tensor for input"),
+    ((1, 3), "size mismatch, input: [1, 3], v1: [2], v2: [3]"),
+    ((2, 3, 1), "2D tensor expected, got 3D tensor for input"),
+])
+def test_addr_in_place_refuses_a_self_it_would_have_to_broadcast_as_the_cpu_does(shape, message):
+    # The CPU kernel tells addr_ from addr(out=self) by its arguments' C++ identity; through the fallback they were
+    # two arguments, so zion broadcast self and resized it to [2, 3], its values the outer product's.
+    def run(d):
+        torch.zeros(shape, device=d).addr_(torch.ones(2, device=d), torch.arange(3.0, device=d))
+
+    assert _error(run, "cpu") == _error(run, "zion") == message
+    cpu, zion = _both(lambda d: torch.full((2, 3), 0.5, device=d))
+    for x in (cpu, zion):
+        x.addr_(torch.tensor([1.0, 2.0], device=x.device), torch.arange(3.0, device=x.device), beta=2, alpha=3)
+    assert torch.equal(zion.cpu(), cpu)
+    # addr(out=self) broadcasts self on both devices.
+    cpu, zion = _both(lambda d: torch.ones(3, device=d))
+    for x in (cpu, zion):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
+            torch.addr(x, torch.ones(2, device=x.device), torch.arange(3.0, device=x.device), out=x)
+    assert zion.shape == cpu.shape == (2, 3)
+
+
 def test_an_op_on_one_tensor_twice_gives_the_cpus_values():
     cpu, zion = _both(lambda d: torch.arange(6.0, device=d).reshape(2, 3))
     for x in (cpu, zion):

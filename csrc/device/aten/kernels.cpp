@@ -1,6 +1,7 @@
 // Kernels that must be native to zion: tensor creation, storage and view
-// metadata, copies between devices, and reading a scalar back to the host.
-// Everything else runs through the fallback (fallback.cpp).
+// metadata, copies between devices, reading a scalar back to the host, and
+// addr_, whose CPU kernel tells in place from out= by its arguments' C++
+// identity. Everything else runs through the fallback (fallback.cpp).
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
@@ -9,6 +10,7 @@
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/addr.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -209,6 +211,22 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
               stream);
 }
 
+// Tensor.addr_: ATen's in-place addr calls addr_out(self, self, ...), whose
+// CPU kernel checks self's shape without broadcasting it only when its self
+// and result are the same C++ object. Through the fallback they arrive as two
+// (one boxed argument each), so the kernel would broadcast a 1-D or [1, n]
+// self and resize it to the outer product's shape where the CPU refuses. The
+// CPU's own checks, in its order and words, then the out= form.
+at::Tensor& addr_(at::Tensor& self, const at::Tensor& vec1, const at::Tensor& vec2, const at::Scalar& beta,
+                  const at::Scalar& alpha) {
+  if (vec1.dim() == 1 && vec2.dim() == 1) {  // addr_out names a vector of another rank
+    TORCH_CHECK(self.dim() == 2, "2D tensor expected, got ", self.dim(), "D tensor for input");
+    TORCH_CHECK(self.size(0) == vec1.size(0) && self.size(1) == vec2.size(0), "size mismatch, input: ",
+                self.sizes(), ", v1: ", vec1.sizes(), ", v2: ", vec2.sizes());
+  }
+  return at::addr_out(self, self, vec1, vec2, beta, alpha);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -227,6 +245,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", &copy_from);
   m.impl("_copy_from_and_resize", &copy_from_and_resize);
   m.impl("record_stream", &record_stream);
+  m.impl("addr_", &addr_);
 }
 
 // scaled_dot_product_attention chooses its kernel through this stub, for
