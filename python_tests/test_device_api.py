@@ -146,6 +146,8 @@ def test_streams_and_events_are_classes_for_isinstance_and_device_minus_one_does
     assert not isinstance(torch.Stream(device="cpu"), torch.zion.Stream) and not isinstance(s, torch.zion.Event)
     with torch.zion.device(-1), torch.zion.device(None):  # torch.cuda.device's "no change"
         assert torch.zion.current_device() == 0
+    with pytest.raises(ValueError, match="interprocess events are not supported"):
+        torch.zion.Event(interprocess=True)  # it was made, and ignored the flag
     props = torch.zion.get_device_properties(0)
     assert getattr(props, "major", None) is None  # a CUDA capability check reads no number
     with pytest.raises(AttributeError, match="an OAM has no CUDA compute capability"):

@@ -183,6 +183,12 @@ class Event(metaclass=_OnZion):
 
     @staticmethod
     def _make(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+        if interprocess:
+            # CUDA shares such an event through ipc_handle(); zion memory is
+            # not shared between processes, so no other process could wait on it.
+            raise ValueError("zion: interprocess events are not supported: zion tensors are not shared between "
+                             "processes (one sent to another process is refused), so no other process has work "
+                             "to wait on; use interprocess=False")
         return torch.Event(device=torch.device("zion", current_device()), enable_timing=enable_timing,
                            blocking=blocking, interprocess=interprocess)
 
