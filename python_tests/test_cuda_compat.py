@@ -225,6 +225,22 @@ def test_torch_load_maps_cuda_locations(compat, tmp_path):
     """)
 
 
+def test_a_distributed_checkpoint_of_cuda_tensors_saves_and_loads(compat, tmp_path):
+    # The checkpoint writer copies to the host the tensors on the available accelerator type, "cuda" here while
+    # the tensors are zion's: it copied none and stopped on "Tensor must be on CPU".
+    compat.check(f"""
+        import warnings, torch, torch.distributed.checkpoint as dcp
+        saved = {{"w": torch.randn(3, 4, device="cuda"), "b": torch.arange(3.0, device="cuda:1")}}
+        loaded = {{"w": torch.zeros(3, 4, device="cuda"), "b": torch.zeros(3, device="cuda:1")}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "torch.distributed is ... uninitialized, assuming ... a single process"
+            dcp.save(saved, checkpoint_id=r"{tmp_path}/ck")
+            dcp.load(loaded, checkpoint_id=r"{tmp_path}/ck")
+        assert str(loaded["w"].device) == "zion:0" and str(loaded["b"].device) == "zion:1"
+        assert all(torch.equal(loaded[k].cpu(), saved[k].cpu()) for k in saved)
+    """)
+
+
 def test_torch_load_dict_map_location_leaves_unnamed_cuda_storages_on_their_zion_device(compat, tmp_path):
     # On CUDA a storage whose saved location the dict does not name stays there; here the unnamed
     # cuda:1 storage failed (ValueError: Expected a cuda device, but got: zion:1).

@@ -60,6 +60,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from zion_emu import _after_import
+
 ZION = "zion"
 # Set by enable(): every process started from this one (mp.spawn ranks, spawned
 # DataLoader workers, subprocesses) enables cuda-compat when it loads zion_emu
@@ -930,12 +932,28 @@ def _patch_distributed() -> None:
         _patch(owner, "new_subgroups", backend_kwarg(c10d.new_subgroups, "new_subgroups"),
                f"{owner.__name__}.new_subgroups")
         _patch(owner, "is_nccl_available", lambda: True, f"{owner.__name__}.is_nccl_available")
+    _after_import.after_import("torch.distributed.checkpoint.filesystem", _patch_checkpoint_writer)
     import torch.distributed.device_mesh as device_mesh
 
     fn = _first_arg_or_kwarg(device_mesh.init_device_mesh, "init_device_mesh('cuda')", "device_type")
     _patch(device_mesh, "init_device_mesh", fn, "torch.distributed.device_mesh.init_device_mesh")
     if hasattr(dist, "init_device_mesh"):
         setattr(dist, "init_device_mesh", fn)
+
+
+def _patch_checkpoint_writer(filesystem: types.ModuleType) -> None:
+    """torch.distributed.checkpoint's file writer copies to the host the
+    tensors on the available accelerator type, which torch finds is "cuda"
+    here while the tensors are zion's: it would copy none of them and stop on
+    "Tensor must be on CPU". The writer sees the type of the tensors."""
+    available = filesystem._get_available_device_type
+
+    def device_type() -> Any:
+        found = available()
+        return ZION if found == "cuda" else found
+
+    _patch(filesystem, "_get_available_device_type", device_type,
+           "torch.distributed.checkpoint.filesystem._get_available_device_type")
 
 
 # Profiler: the CUDA activity is zion's (PrivateUse1), whose device events
