@@ -289,5 +289,46 @@ def test_two_ranks_resumed_from_their_own_files_match_the_uninterrupted_run(tmp_
         assert after[rank]["stream"] == whole[rank]["stream"], rank
 
 
+def _sharded_worker(rank: int, nprocs: int, store: str, ckpt: str, out: str) -> None:
+    """Saves and loads with torch.distributed.checkpoint a ShardedTensor whose
+    rows are all on rank 0, as a torchrec table-wise table is: rank 1 holds
+    no shard of it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                            timeout=timedelta(seconds=60))
+    torch.zion.set_device(rank)
+    spec = ChunkShardingSpec(dim=0, placements=["rank:0/zion:0"])
+    saved = sharded_tensor.empty(spec, 4, 3)
+    for shard in saved.local_shards():
+        shard.tensor.copy_(torch.arange(12.0).reshape(4, 3))
+    dcp.save({"table": saved}, checkpoint_id=ckpt)
+    loaded = sharded_tensor.zeros(spec, 4, 3)
+    dcp.load({"table": loaded}, checkpoint_id=ckpt)
+    result = {"device": str(loaded.device), "shards": [s.tensor.cpu().tolist() for s in loaded.local_shards()]}
+    with open(out.format(rank=rank), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(120)
+def test_a_sharded_tensor_with_no_shard_on_a_rank_saves_and_loads(tmp_path):
+    # ShardedTensor.device on a rank with no shard asked torch.cuda.current_device() on any group but gloo, so
+    # loading a torchrec model whose table lives on another rank failed natively ("Torch not compiled with CUDA").
+    out = str(tmp_path / "rank{rank}.json")
+    spawn(_sharded_worker, 2, tmp_path, str(tmp_path / "dcp"), out, timeout_s=RUN_TIMEOUT_S)
+    first, second = (json.loads(Path(out.format(rank=r)).read_text()) for r in range(2))
+    assert first == {"device": "zion:0", "shards": [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0],
+                                                     [9.0, 10.0, 11.0]]]}
+    assert second == {"device": "zion:1", "shards": []}  # its own current device, as on NCCL CUDA's
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -59,10 +59,13 @@ import os
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zion_emu import _after_import
 
 BACKEND = "zion"
 LINK_MODEL_ENV = "ZION_LINK_MODEL"
@@ -201,12 +204,35 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
     )
 
 
+def _sharded_tensor_device(sharded_tensor: ModuleType) -> None:
+    """torch's ``ShardedTensor.device`` on a rank that holds no shard of it
+    is the CPU on a gloo group and ``torch.cuda.current_device()`` on any
+    other, which fails without CUDA (torch.distributed.checkpoint asks it
+    when it loads a torchrec model whose table has no shard on this rank). On
+    a zion group it is zion's current device, as on an NCCL group CUDA's."""
+    ops = sharded_tensor._SHARDED_OPS
+    get = torch.Tensor.device.__get__
+    torchs = ops.get(get)
+    if torchs is None:
+        return
+
+    def device(types: Any, args: Any = (), kwargs: Any = None, pg: Any = None) -> torch.device:
+        st = args[0] if args else None
+        if st is not None and not getattr(st, "_local_shards", True) and pg is not None \
+                and dist.get_backend(pg) == BACKEND:  # pg._get_backend_name() says "custom"
+            return torch.device(BACKEND, torch.zion.current_device())
+        return torchs(types, args, kwargs, pg)
+
+    ops[get] = device
+
+
 def register() -> None:
     """Registers the ``zion`` backend for zion tensors (idempotent)."""
     global _registered
     if _registered or BACKEND.upper() in dist.Backend._plugins:
         _registered = True
         return
+    _after_import.after_import("torch.distributed._shard.sharded_tensor", _sharded_tensor_device)
     # cpu too, as gloo registers cuda and cpu: object collectives and host-side
     # reductions on a zion group go through the inner gloo, unmodeled.
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=[BACKEND, "cpu"])
