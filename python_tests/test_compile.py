@@ -276,6 +276,22 @@ def test_a_compiled_kernel_is_charged_the_elements_it_touches_not_its_whole_argu
     # x + x.T reads x in two orders: still each element once, at most the whole buffer.
     sq = torch.randn(2048, 2048, device="zion")
     assert compiled_bytes(lambda t: t + t.t(), sq) == (1, 2 * 2048 * 2048 * 4)
+    # A write into a slice of an input, in place: the kernel writes the 8 columns under the name of the node that
+    # mutates the input, and reads nothing.
+    def fill(t):
+        t[:, :8] = 1.0
+
+    compiled_fill = torch.compile(fill)
+    cpu = x.cpu()
+    fill(cpu)
+    compiled_fill(x)
+    torch.zion.synchronize()
+    before = counters()
+    compiled_fill(x)
+    torch.zion.synchronize()
+    after = counters()
+    assert (after.compiled_kernels - before.compiled_kernels, after.bytes - before.bytes) == (1, 4096 * 8 * 4)
+    assert torch.equal(x.cpu(), cpu)
 
 
 def test_with_dynamic_shapes_a_gather_is_charged_at_most_its_whole_table():

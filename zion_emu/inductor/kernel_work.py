@@ -75,16 +75,22 @@ def kernel_work(args: Any, nodes: Iterable[Any]) -> KernelWork:
     nodes = list(nodes)
     reads, writes = _deps_by_buffer(nodes)
 
-    def buffer_bytes(names: list[str], deps: dict[str, set[Any]]) -> Any:
+    def buffer_bytes(names: list[str], *tables: dict[str, set[Any]]) -> Any:
+        """Bytes of the buffer ``names`` name, for the accesses in ``tables``
+        (reads, writes or both): each table's touched elements, or, where no
+        table has an access to it (an opaque call), the whole buffer once each."""
         buf = V.graph.get_buffer(names[-1])
         dtypes.append(buf.get_dtype())
-        return _elements_touched(buf, [dep for name in names for dep in deps.get(name, ())]) * buf.get_dtype().itemsize
+        found = [set().union(*(table.get(name, set()) for name in names)) for table in tables]
+        if not any(found):
+            return len(tables) * _numel(buf.get_size()) * buf.get_dtype().itemsize
+        return sum(_elements_touched(buf, deps) for deps in found if deps) * buf.get_dtype().itemsize
 
     dtypes: list[torch.dtype] = []
     nbytes: Any = sympy.Integer(0)
     for inplaced in unique(args.inplace_buffers.values()):
         if not isinstance(inplaced, RemovedArg):  # read, then written in place
-            nbytes += buffer_bytes(inplaced.other_names, reads) + buffer_bytes(inplaced.other_names, writes)
+            nbytes += buffer_bytes(inplaced.other_names, reads, writes)
     for outer in args.input_buffers:
         if outer not in args.inplace_buffers:
             nbytes += buffer_bytes([outer], reads)
@@ -106,22 +112,28 @@ def kernel_work(args: Any, nodes: Iterable[Any]) -> KernelWork:
 
 def _deps_by_buffer(nodes: list[Any]) -> tuple[dict[str, set[Any]], dict[str, set[Any]]]:
     """The memory dependencies of a kernel's scheduler nodes, reads and
-    writes, by buffer name. Deps of fused nodes are normalized alike, so a
+    writes, by the name the kernel's arguments give their buffer: a node that
+    mutates a buffer writes under its own name, and the kernel's argument is
+    the mutated buffer's (the scheduler's ``mutation_real_name``, as
+    ``KernelArgs`` maps it). Deps of fused nodes are normalized alike, so a
     load two nodes share counts once."""
+    from torch._inductor.virtualized import V
+
+    real = V.graph.scheduler.mutation_real_name if V.graph.scheduler else {}
     reads: dict[str, set[Any]] = {}
     writes: dict[str, set[Any]] = {}
     for node in nodes:
         for deps, by_name in ((node.read_writes.reads, reads), (node.read_writes.writes, writes)):
             for dep in deps:
-                by_name.setdefault(dep.name, set()).add(dep)
+                by_name.setdefault(real.get(dep.name, dep.name), set()).add(dep)
     return reads, writes
 
 
-def _elements_touched(buf: Any, deps: list[Any]) -> Any:
+def _elements_touched(buf: Any, deps: set[Any]) -> Any:
     """How many of ``buf``'s elements its dependencies in one kernel touch:
     the sum over distinct accesses, at most the whole buffer; the whole
-    buffer where no dependency says which (an access through an opaque
-    call)."""
+    buffer where a dependency does not say which (a StarDep: an access
+    through an opaque call)."""
     from torch._inductor.dependencies import MemoryDep, StarDep, WeakDep
 
     whole = _numel(buf.get_size())
@@ -133,6 +145,4 @@ def _elements_touched(buf: Any, deps: list[Any]) -> Any:
             return whole
         # A load through an index read from memory: one element per point.
         touched += _numel(dep.size) if dep.is_indirect() else dep.get_numel()
-    if touched == 0:
-        return whole
     return sympy.Min(touched, whole)
