@@ -187,9 +187,8 @@ OpWork batch_index_select_forward(const OpCall& call) {
   if (call.inputs.size() < 2 || call.outputs.empty()) {
     bad_call(call, "inputs (inputs, indices) and outputs (the selected rows, ...)");
   }
-  double written = 0;
-  for (const TensorDesc& out : call.outputs) written += out.bytes();
-  return make_work(OpClass::kEmbeddingBag, 0, call.inputs[1].bytes() + written, call.outputs[0].bytes());
+  return make_work(OpClass::kEmbeddingBag, 0, call.inputs[1].bytes() + sum_bytes(call.outputs),
+                   call.outputs[0].bytes());
 }
 
 // Its backward: the input-sized gradient is zeroed (a stream) and each
@@ -199,10 +198,8 @@ OpWork batch_index_select_backward(const OpCall& call) {
   if (call.inputs.empty() || call.outputs.empty()) {
     bad_call(call, "inputs (grad_output, indices, ...) and one output (the inputs' gradient)");
   }
-  double read = 0;
-  for (const TensorDesc& in : call.inputs) read += in.bytes();
   const double added = static_cast<double>(call.inputs[0].numel());
-  return make_work(OpClass::kEmbeddingBag, added, read + call.outputs[0].bytes(),
+  return make_work(OpClass::kEmbeddingBag, added, sum_bytes(call.inputs) + call.outputs[0].bytes(),
                    2 * added * call.outputs[0].element_size);
 }
 

@@ -306,6 +306,14 @@ bool count_placeholder(const std::string& site, const char* what, const at::Tens
 // [B, total_D] in output_dtype (B = offsets / tables), and a backward with
 // the optimizer fused returns nothing (it updates the weights in place).
 // Arguments as in the ops' schemas.
+
+// A forward's output dtype, from fbgemm's SparseType code: FP32 0, FP16 1, BF16 5.
+c10::ScalarType tbe_output_dtype(const c10::FunctionSchema& schema, int64_t code) {
+  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
+              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
+  return code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+}
+
 void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -319,11 +327,7 @@ void tbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int64_t tables = arg("D_offsets").toTensor().numel() - 1;
   const int64_t batch = tables > 0 ? (arg("offsets").toTensor().numel() - 1) / tables : 0;
   const int64_t total_d = arg("total_D").toInt();
-  // fbgemm's SparseType: FP32 0, FP16 1, BF16 5.
-  const int64_t code = arg("output_dtype").toInt();
-  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
-  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
-              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
+  const c10::ScalarType dtype = tbe_output_dtype(schema, arg("output_dtype").toInt());
   at::Tensor out = at::empty({batch, total_d}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(out));
@@ -338,10 +342,7 @@ void tbe_nobag_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* st
   };
   const int64_t lookups = arg("indices").toTensor().numel();
   const int64_t d = arg("D").toInt();
-  const int64_t code = arg("output_dtype").toInt();
-  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
-              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
-  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+  const c10::ScalarType dtype = tbe_output_dtype(schema, arg("output_dtype").toInt());
   at::Tensor out = at::empty({lookups, d}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(out));
@@ -358,10 +359,7 @@ void tbe_vbe_forward_meta(const c10::OperatorHandle& op, torch::jit::Stack* stac
   };
   TORCH_CHECK(arg("vbe_output").isNone(), "zion timing-only: ", schema.operator_name(),
               " given a vbe_output to write into has no shape rule (without one it has)");
-  const int64_t code = arg("output_dtype").toInt();
-  TORCH_CHECK(code == 0 || code == 1 || code == 5, "zion timing-only: ", schema.operator_name(),
-              " with output_dtype ", code, " has no shape rule (FP32 0, FP16 1 and BF16 5 have)");
-  const c10::ScalarType dtype = code == 1 ? c10::kHalf : code == 5 ? c10::kBFloat16 : c10::kFloat;
+  const c10::ScalarType dtype = tbe_output_dtype(schema, arg("output_dtype").toInt());
   at::Tensor out =
       at::empty({arg("vbe_output_size").toInt()}, at::TensorOptions().device(c10::kMeta).dtype(dtype));
   torch::jit::drop(*stack, n);
