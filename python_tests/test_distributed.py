@@ -156,6 +156,18 @@ def _collectives_worker(rank: int, nprocs: int, store: str) -> None:
     dist.reduce_scatter(ref, [c.contiguous() for c in x.split(pieces)], group=gloo)
     assert torch.equal(out.cpu(), ref)
 
+    # all_gather of uneven entries (rank j contributes j + 2 elements), which
+    # gloo refuses and NCCL runs: ProcessGroupNCCL broadcasts each rank's
+    # input from that rank in one group, which the model prices as one
+    # broadcast of the whole output; the entries are the ranks' inputs
+    pieces = [j + 2 for j in range(n)]
+    z = _data(rank, (pieces[rank],), seed=10).to("zion")
+    outs = [torch.full((pieces[j],), -1.0, device="zion") for j in range(n)]
+    clock.check(lambda: dist.all_gather(outs, z), "broadcast", sum(pieces) * f32, devices, root=0)
+    assert _last()["call"] == "all_gather"
+    for j in range(n):
+        assert torch.equal(outs[j].cpu(), _data(j, (pieces[j],), seed=10)), j
+
     # all_to_all_single, even splits
     x = _data(rank, (n * 6, 5), seed=5)
     z, out = x.to("zion"), torch.empty(n * 6, 5, device="zion")

@@ -73,6 +73,13 @@ def _records_worker(rank: int, nprocs: int, store: str, handshake: str | None, o
     entries = [torch.ones(3 + (rank == 1 and j == 0), device="zion") for j in range(nprocs)]
     with pytest.raises(RuntimeError, match=r"rank 1's input list has 4 elements at index 0, where rank 0's output has 3"):
         dist.reduce_scatter(torch.empty(3, device="zion"), entries)
+    # all_gather: entry i of each rank's output list must have rank i's input size
+    entries = [torch.empty(3 + (rank == 0 and j == 1), device="zion") for j in range(nprocs)]
+    with pytest.raises(RuntimeError, match=r"rank 1's input has 3 elements, where rank 0's output list has 4 at index 1"):
+        dist.all_gather(entries, torch.ones(3, device="zion"))
+    with pytest.raises(RuntimeError, match=r"the output list's entry for this rank \(index 0\) has 4 elements; the input has 3"
+                       if rank == 0 else "failed on rank"):
+        dist.all_gather([torch.empty(3 + (j == 0), device="zion") for j in range(nprocs)], torch.ones(3, device="zion"))
     with pytest.raises(RuntimeError, match="ranks are in different collectives"):
         if rank == 0:
             dist.broadcast(torch.ones(2, device="zion"), src=0)

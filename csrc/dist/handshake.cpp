@@ -119,6 +119,13 @@ void check(const Agreement& a, int rank, const RankSide& mine) {
               ": dtypes differ across ranks (", per_rank(sides, [](const RankSide& s) {
                 return std::string(c10::toString(static_cast<c10::ScalarType>(s.dtype)));
               }), ")");
+  if (mine.call == Call::kAllGather) {
+    // Entry j of every rank's output list receives rank j's input.
+    const auto [i, j] = count_mismatch(sides);
+    TORCH_CHECK(i < 0, "zion backend: ", name, ": rank ", i, "'s input has ", sides[i].send_counts[j],
+                " elements, where rank ", j, "'s output list has ", sides[j].recv_counts[i], " at index ", i,
+                "; entry i of every rank's output list must have rank i's input size");
+  }
   if (mine.call == Call::kReduceScatter) {
     // Entry j of rank i's input list is reduced into rank j's output.
     const auto [i, j] = count_mismatch(sides);

@@ -274,6 +274,13 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run(Plan p, const MoveData& move_
     p.request.op = sim::CollectiveOp::kReduce;
     p.request.root = 0;
   }
+  if (p.side.call == Call::kAllGather && uneven(agreed.sides[0].recv_counts)) {
+    // Likewise an all_gather of uneven entries: one broadcast per rank (from
+    // that rank, of its input) in one group, priced as a broadcast of the
+    // whole output.
+    p.request.op = sim::CollectiveOp::kBroadcast;
+    p.request.root = 0;
+  }
   sim::CollectiveResult priced = price(p.request);
 
   device::Runtime& rt = device::runtime();
@@ -384,10 +391,20 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, st
     note(p.side.error, "zion backend: " + name + ": the " + list_kind + " list has " + std::to_string(lists[0].size()) +
                            " tensors; the group has " + std::to_string(getSize()) + " ranks");
   } else if (gathers) {
-    p.side.numel = singles[0].numel();
-    note(p.side.error, same_numel_problem(name, std::string("an ") + list_kind + " tensor", lists[0], single_kind,
-                                          singles[0].numel()));
-    p.request.bytes = nbytes(singles) * getSize();  // nccl-tests counts the gathered side: n x the single tensor
+    // Entry j of every rank's output list receives rank j's input. The
+    // entries may differ in size, as NCCL allows (not gloo); the ranks agree
+    // on every entry's size (handshake.cpp), and run() prices an uneven list
+    // the way NCCL runs it.
+    const int64_t own = lists[0][getRank()].defined() ? lists[0][getRank()].numel() : 0;
+    if (own != singles[0].numel()) {
+      note(p.side.error, "zion backend: " + name + ": the output list's entry for this rank (index " +
+                             std::to_string(getRank()) + ") has " + std::to_string(own) + " elements; the input has " +
+                             std::to_string(singles[0].numel()));
+    }
+    p.side.send_counts.assign(lists[0].size(), singles[0].numel());
+    for (const auto& t : lists[0]) p.side.recv_counts.push_back(t.defined() ? t.numel() : 0);
+    p.side.numel = std::accumulate(p.side.recv_counts.begin(), p.side.recv_counts.end(), int64_t{0});
+    p.request.bytes = nbytes(lists[0]);  // nccl-tests counts the gathered side: n x the single tensor when even
     p.outputs = lists[0];
   } else {
     // reduce_scatter: entry j of every rank's input list is reduced into rank
@@ -407,11 +424,26 @@ c10::intrusive_ptr<ZionWork> ProcessGroupZion::run_list_collective(Call call, st
     p.outputs = singles;
   }
   p.type = type;
-  return run(std::move(p), [&](const Agreement&) {
+  return run(std::move(p), [&](const Agreement& agreed) {
     auto single_views = flat_gloo_views(singles);
     std::vector<at::Tensor> per_rank = flat_gloo_views(lists[0]);
     // Absent ranks: gloo sees the present ranks' entries; an all_gather's
     // entries of absent ranks are their counterparts'.
+    if (gathers && uneven(agreed.sides[0].recv_counts)) {
+      // gloo gathers equal pieces only: as ProcessGroupNCCL does, one
+      // broadcast per rank, from that rank, of its input into entry j.
+      TORCH_CHECK(ranks_.all(), "zion backend: ", name, ": entries of different sizes need every rank of the group "
+                  "to run; present ranks are ", ranks_.present_list(), " of ", getSize(),
+                  ". Pass entries of one size, or run every rank");
+      per_rank[getRank()].copy_(single_views[0].reshape(per_rank[getRank()].sizes()));
+      for (int j = 0; j < getSize(); ++j) {
+        std::vector<at::Tensor> entry{per_rank[j]};
+        c10d::BroadcastOptions from_j;
+        from_j.rootRank = j;
+        gloo_->broadcast(entry, from_j)->wait();
+      }
+      return;
+    }
     std::vector<std::vector<at::Tensor>> list_views{ranks_.all() ? per_rank : present_entries(ranks_, per_rank)};
     gloo_call(single_views, list_views)->wait();
     if (!ranks_.all() && gathers) copy_counterparts(ranks_, per_rank);
