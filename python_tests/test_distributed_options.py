@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import zion_emu
 import zion_emu.distributed as zd
 from zion_emu import sim
 from test_distributed import _Clock, _init, _last, _spawn
@@ -101,3 +102,40 @@ def _options_worker(rank: int, nprocs: int, store: str) -> None:
 @pytest.mark.multiproc
 def test_a_group_with_ring_options_prices_its_collectives_as_the_ring(tmp_path):
     _spawn(_options_worker, 4, tmp_path)
+
+
+def _split_worker(rank: int, nprocs: int, store: str) -> None:
+    # The pattern PyTorch recommends: a device bound at init, then a 2-D mesh,
+    # whose groups DeviceMesh makes with split_group.
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.zion.set_device(rank)
+    dist.init_process_group("zion", init_method=f"file://{store}", rank=rank, world_size=nprocs,
+                            device_id=torch.device("zion", rank), pg_options=zd.Options(algorithm="ring"))
+    platform = zion_emu.current_platform()
+    mesh = init_device_mesh("zion", (2, nprocs // 2), mesh_dim_names=("dp", "tp"))
+    nbytes = 1 << 16
+    for dim, members in (("tp", [rank - rank % 2, rank - rank % 2 + 1]), ("dp", [rank % 2, rank % 2 + 2])):
+        group = mesh.get_group(dim)
+        assert dist.get_process_group_ranks(group) == members
+        assert zd.group_model(group) == {"algorithm": "ring", "link_model": "fair"}  # the parent's
+        z = torch.full((nbytes // F32,), float(rank), device="zion")
+        dist.all_reduce(z, group=group)
+        assert torch.equal(z.cpu(), torch.full((nbytes // F32,), float(sum(members))))
+        rec = _last(group)
+        assert rec["devices"] == members and rec["algorithm"] == "ring"
+        assert rec["time"] == pytest.approx(sim.collective_time(platform, "all_reduce", nbytes, members, "ring"), rel=1e-9)
+    # split_group itself: a rank in none of the splits gets None, as with NCCL.
+    evens = dist.split_group(split_ranks=[[0, 2]])
+    assert (evens is None) == (rank % 2 == 1)
+    if evens is not None:
+        z = torch.ones(4, device="zion")
+        dist.all_reduce(z, group=evens)
+        assert torch.equal(z.cpu(), torch.full((4,), 2.0)) and _last(evens)["devices"] == [0, 2]
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_two_dimensional_device_mesh_splits_the_group_with_the_parents_model(tmp_path):
+    _spawn(_split_worker, 4, tmp_path)

@@ -65,6 +65,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import torch._C._distributed_c10d as _c10d
+
 from zion_emu import _after_import
 
 BACKEND = "zion"
@@ -188,12 +190,30 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         present = [g for g, r in enumerate(members) if r in running]
         if len(present) == size:
             present = []
+    return _backend(opts.store, rank, size, global_ranks, timeout, algorithm, link_model, present)
+
+
+def _backend(store: Any, rank: int, size: int, global_ranks: list[int], timeout: timedelta, algorithm: str,
+             link_model: str, present: list[int] | None = None) -> "dist.Backend":
+    """One ProcessGroupZion: rank ``rank`` of ``size``, ``global_ranks`` its
+    ranks' global ranks (empty: the same), ``present`` the group ranks that
+    run (empty: all). A group split from it (``split_group``; DeviceMesh
+    with a bound device) is made the same way, pricing as it does."""
+    from zion_emu._C import dist as _dist
+
+    present = present or []
     # The inner gloo backend gets a store namespace of its own, and holds the present ranks alone.
     gloo_rank, gloo_size = (present.index(rank), len(present)) if present else (rank, size)
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("zion/gloo/", opts.store), gloo_rank, gloo_size, timeout)
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("zion/gloo/", store), gloo_rank, gloo_size, timeout)
+
+    def split(split_store: Any, split_rank: int, split_size: int, split_global: list[int],
+              timeout_s: float) -> "dist.Backend":
+        return _backend(split_store, split_rank, split_size, list(split_global), timedelta(seconds=timeout_s),
+                        algorithm, link_model)
+
     return _dist.ProcessGroupZion(
-        opts.store, gloo, rank, size,
-        global_rank=global_rank,
+        store, gloo, rank, size,
+        global_rank=global_ranks[rank] if global_ranks else rank,
         local_rank=_env_int("LOCAL_RANK"),
         node_rank=_env_int("GROUP_RANK"),
         algorithm=algorithm,
@@ -201,6 +221,7 @@ def _create(opts: Any, backend_options: Any = None) -> "dist.Backend":
         present=present,
         global_ranks=global_ranks,
         timeout_s=timeout.total_seconds(),
+        split=split,
     )
 
 
@@ -226,6 +247,20 @@ def _sharded_tensor_device(sharded_tensor: ModuleType) -> None:
     ops[get] = device
 
 
+class _SplitOptions(_c10d.Backend.Options):
+    """What ``split_group`` reads from a zion backend (``backend.options``) and
+    hands back to its split: torch's backend options, which it deep-copies
+    first (torch's own class cannot be copied). The split keeps the parent's
+    algorithm and link model; of these options only the timeout counts."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_SplitOptions":
+        return type(self)(self.backend, self._timeout)
+
+
+def _split_options(backend: Any) -> _SplitOptions:
+    return _SplitOptions(BACKEND, backend.timeout)
+
+
 def register() -> None:
     """Registers the ``zion`` backend for zion tensors (idempotent)."""
     global _registered
@@ -233,6 +268,9 @@ def register() -> None:
         _registered = True
         return
     _after_import.after_import("torch.distributed._shard.sharded_tensor", _sharded_tensor_device)
+    from zion_emu._C import dist as _dist
+
+    _dist.ProcessGroupZion.options = property(_split_options, doc="torch's backend options, for split_group")
     # cpu too, as gloo registers cuda and cpu: object collectives and host-side
     # reductions on a zion group go through the inner gloo, unmodeled.
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=[BACKEND, "cpu"])

@@ -95,6 +95,33 @@ ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::i
   }
 }
 
+c10::intrusive_ptr<c10d::Backend> ProcessGroupZion::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         const std::vector<int>& ranks,
+                                                         const c10::intrusive_ptr<c10d::Backend::Options>& opts) {
+  auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;
+  TORCH_CHECK(ranks_.all(), "zion backend: split_group needs every rank of the group to run as a process; its present "
+              "ranks are ", ranks_.present_list(), " of ", getSize(), ". Make the subgroup with new_group instead");
+  TORCH_CHECK(options_.make_split, "zion backend: this group was made without a way to split it; groups made by "
+              "torch.distributed (init_process_group, new_group) can be split");
+  std::vector<int> global;
+  for (int r : ranks) {
+    TORCH_CHECK_VALUE(r >= 0 && r < getSize(), "zion backend: split_group: rank ", r, " is not a rank of the group (0..",
+                      getSize() - 1, ")");
+    global.push_back(options_.global_ranks.empty() ? r : options_.global_ranks[r]);
+  }
+  std::lock_guard<std::mutex> lock(split_mutex_);
+  if (last_split_ && last_split_store_ == store.get()) {
+    if (auto made = last_split_->lock()) return made;
+  }
+  const std::chrono::milliseconds timeout = opts ? opts->timeout : options_.timeout;
+  auto made = options_.make_split(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), global,
+                                  static_cast<double>(timeout.count()) / 1000.0);
+  last_split_store_ = store.get();
+  last_split_.emplace(made);
+  return made;
+}
+
 void ProcessGroupZion::shutdown() {
   if (shm_) shm_->leave();
   std::vector<c10::intrusive_ptr<ZionWork>> held;  // their transfers hold the group: let them go

@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,14 @@ class ProcessGroupZion : public c10d::Backend {
     // The group's timeout: how long a handshake through shared memory waits
     // for the other ranks (gloo's own calls keep gloo's).
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    // Makes the backend of a group split from this one (torch.distributed's
+    // split_group, DeviceMesh with a bound device): given the split's store,
+    // this rank's place in it, its size, its ranks' global ranks and its
+    // timeout. Its inner gloo backend is a Python object (zion_emu.distributed
+    // makes both); unset: the group cannot be split.
+    std::function<c10::intrusive_ptr<c10d::Backend>(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                    const std::vector<int>& global_ranks, double timeout_s)>
+        make_split;
   };
 
   ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
@@ -137,6 +146,14 @@ class ProcessGroupZion : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override;
   bool supportsCoalescing() const override { return true; }
+  // split_group: a group of `ranks` (this group's ranks, sorted) with the
+  // same algorithm and link model; null on a rank that is not among them.
+  bool supportsSplitting() const override { return true; }
+  // split_group asks every split to number its collectives; this backend
+  // numbers none (getSequenceNumberForGroup stays unsupported).
+  void setSequenceNumberForGroup() override {}
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<c10d::Backend::Options>& opts) override;
   // destroy_process_group: a rank waiting in a handshake for this one is
   // told it left (the gloo handshake learns it from gloo's closed sockets).
   void shutdown() override;
@@ -258,6 +275,12 @@ class ProcessGroupZion : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<ZionWork>> batch_;  // works since startCoalescing
   CommRecord last_;
+  // torch 2.13's splitGroup splits the group once per device type it is
+  // registered for (zion and cpu), with one store: the second call gets the
+  // backend the first made, whose inner gloo has rendezvoused there.
+  std::mutex split_mutex_;  // held while the split is made (its gloo rendezvous)
+  const c10d::Store* last_split_store_ = nullptr;
+  std::optional<c10::weak_intrusive_ptr<c10d::Backend>> last_split_;
 };
 
 }  // namespace zion::dist

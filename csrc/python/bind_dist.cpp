@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -53,7 +54,9 @@ void bind_dist(py::module_& m) {
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, const c10::intrusive_ptr<c10d::Backend>& gloo, int rank,
                        int size, int global_rank, int local_rank, int node_rank, const std::string& algorithm,
                        const std::string& link_model, const std::vector<int>& present, const std::vector<int>& global_ranks,
-                       double timeout_s) {
+                       double timeout_s,
+                       std::function<c10::intrusive_ptr<c10d::Backend>(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                                                      const std::vector<int>&, double)> split) {
              ProcessGroupZion::Options options;
              options.global_rank = global_rank;
              options.local_rank = local_rank;
@@ -63,6 +66,7 @@ void bind_dist(py::module_& m) {
              options.present = present;
              options.global_ranks = global_ranks;
              options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+             options.make_split = std::move(split);
              try {
                return c10::make_intrusive<ProcessGroupZion>(store, gloo, rank, size, options);
              } catch (const c10::ValueError& e) {
@@ -74,9 +78,12 @@ void bind_dist(py::module_& m) {
            py::arg("store"), py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("global_rank"),
            py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair",
            py::arg("present") = std::vector<int>{}, py::arg("global_ranks") = std::vector<int>{}, py::arg("timeout_s") = 1800.0,
+           py::arg("split") = py::none(),
            "`gloo` holds the present ranks alone when `present` (group ranks that run as processes) leaves some out; "
            "`global_ranks` (group rank -> global rank) places the absent ones; `timeout_s` bounds a handshake through "
-           "shared memory (ZION_HANDSHAKE=gloo, or ranks on different hosts: through gloo, with gloo's timeout)")
+           "shared memory (ZION_HANDSHAKE=gloo, or ranks on different hosts: through gloo, with gloo's timeout); "
+           "`split(store, rank, size, global_ranks, timeout_s)` makes the backend of a group split from this one "
+           "(None: it cannot be split)")
       .def_property_readonly("handshake", &ProcessGroupZion::handshake,
                              "How the ranks agree on each collective: 'shm' (shared memory; every present rank on this "
                              "host) or 'gloo'")
@@ -86,6 +93,8 @@ void bind_dist(py::module_& m) {
                              "The collective algorithm this group prices with (auto: the platform's choice per call)")
       .def_property_readonly("link_model", [](const ProcessGroupZion& pg) { return pg.options().link_model; },
                              "The link model this group prices with: fair, unaware or astra")
+      .def_property_readonly("timeout", [](const ProcessGroupZion& pg) { return pg.options().timeout; },
+                             "The group's timeout (a split of it gets the same unless split_group names another)")
       .def_property_readonly("present_ranks", [](const ProcessGroupZion& pg) { return pg.present_ranks().present; },
                              "The group ranks that run as processes (all of them unless the world is bigger than its processes)")
       .def_property_readonly("counterparts", [](const ProcessGroupZion& pg) { return pg.present_ranks().counterpart; },
