@@ -2,7 +2,7 @@
 PYTHON ?= python3
 STAMP := build/.installed
 
-.PHONY: install demo tour test bench clean sanitize system-deps
+.PHONY: install demo tour test bench clean sanitize sanitize-build system-deps
 
 # Installs the Python dependencies and builds the extension in place.
 # requirements-torchrec.txt goes in with --no-deps: its packages would pull
@@ -75,7 +75,8 @@ ASAN_BUILD_DIR ?= build/asan
 SANITIZE_TESTS ?= python_tests
 ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
 
-sanitize: system-deps
+# sanitize-build is the build alone: CI compiles it while `make test` runs.
+sanitize-build: system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
 	$(PYTHON) -m pip install -q --no-deps -r requirements-torchrec.txt
 	cmake -S . -B $(ASAN_BUILD_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZION_SANITIZE=ON \
@@ -83,6 +84,8 @@ sanitize: system-deps
 	cmake --build $(ASAN_BUILD_DIR)/cmake --target _C
 	cp $(ASAN_BUILD_DIR)/cmake/libzion_emu.so $(ASAN_PKG)/
 	find $(ASAN_PKG) -type l -delete
+
+sanitize: sanitize-build
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake ZION_EMU_NATIVE_DIR=$(abspath $(ASAN_PKG)) \
