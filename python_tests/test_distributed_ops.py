@@ -101,6 +101,54 @@ def test_gather_scatter_and_list_all_to_all_equal_gloo_and_take_the_modeled_time
     _spawn(_list_collectives_worker, nprocs, tmp_path)
 
 
+def _nn_functional_worker(rank: int, nprocs: int, store: str) -> None:
+    import torch.distributed.nn.functional as dist_nn
+
+    gloo = _init(rank, nprocs, store)
+    platform, devices = zion_emu.current_platform(), list(range(nprocs))
+
+    # all_gather with autograd: its backward is a reduce_scatter of the
+    # gradients, as on NCCL (torch runs an all_to_all and a sum on other
+    # backends). Gradient: the gloo reduce_scatter of the same pieces.
+    x = _data(rank, (5,), seed=70).to("zion").requires_grad_()
+    weights = [_data(rank, (5,), seed=71 + i) for i in range(nprocs)]
+    outs = dist_nn.all_gather(x)
+    sum((o * w.to("zion")).sum() for o, w in zip(outs, weights)).backward()
+    record = _last()
+    assert (record["op"], record["call"], record["devices"]) == ("reduce_scatter", "reduce_scatter", devices), record
+    assert record["bytes"] == nprocs * 5 * F32
+    assert record["time"] == pytest.approx(sim.collective(platform, "reduce_scatter", nprocs * 5 * F32, devices).time,
+                                           rel=1e-9)
+    ref = torch.empty(5)
+    dist.reduce_scatter(ref, weights, group=gloo)
+    assert torch.equal(x.grad.cpu(), ref)
+
+    # _all_gather_base: NCCL's backward is a _reduce_scatter_base; on any
+    # backend but NCCL torch raises "Backend not supported!".
+    y = _data(rank, (3, 2), seed=80).to("zion").requires_grad_()
+    gathered = dist_nn._all_gather_base(torch.empty(3 * nprocs, 2, device="zion"), y)
+    v = _data(rank, (3 * nprocs, 2), seed=81)
+    (gathered * v.to("zion")).sum().backward()
+    record = _last()
+    assert (record["op"], record["call"]) == ("reduce_scatter", "reduce_scatter_tensor"), record
+    ref = torch.empty(3, 2)
+    dist.reduce_scatter_tensor(ref, v, group=gloo)
+    assert torch.equal(y.grad.cpu(), ref)
+    assert torch.equal(gathered.detach().cpu().chunk(nprocs)[rank], y.detach().cpu())
+
+    # A gloo group keeps torch's own path for other backends (all_to_all and a sum).
+    c = _data(rank, (5,), seed=70).requires_grad_()
+    sum((o * w).sum() for o, w in zip(dist_nn.all_gather(c, group=gloo), weights)).backward()
+    torch.testing.assert_close(c.grad, x.grad.cpu())
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_nn_functional_all_gathers_backward_is_nccls_reduce_scatter(tmp_path):
+    _spawn(_nn_functional_worker, 4, tmp_path)
+
+
 def _coalescing_worker(rank: int, nprocs: int, store: str) -> None:
     gloo = _init(rank, nprocs, store)
     clock = _Clock(rank, nprocs, gloo)

@@ -247,6 +247,29 @@ def _sharded_tensor_device(sharded_tensor: ModuleType) -> None:
     ops[get] = device
 
 
+class _DistAsNccl(ModuleType):
+    """``torch.distributed`` as ``torch.distributed.nn.functional`` sees it:
+    there ``get_backend`` says ``nccl`` for a zion group, and every other name
+    is torch.distributed's own. That module's autograd functions branch on the
+    backend: on NCCL the backward of ``all_gather`` is a reduce_scatter and
+    that of ``_all_gather_base`` a ``_reduce_scatter_base``; on any other
+    backend the first runs an all_to_all and a sum, and the second raises
+    "Backend not supported!". A zion group runs what NCCL runs, so it is
+    priced as NCCL's collective, and torch's own code does it."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(dist, name)
+
+    @staticmethod
+    def get_backend(group: "dist.ProcessGroup | None" = None) -> str:
+        name = dist.get_backend(group)
+        return dist.Backend.NCCL if name == BACKEND else name
+
+
+def _nn_functional_as_nccl(functional: ModuleType) -> None:
+    functional.dist = _DistAsNccl(dist.__name__, dist.__doc__)
+
+
 class _SplitOptions(_c10d.Backend.Options):
     """What ``split_group`` reads from a zion backend (``backend.options``) and
     hands back to its split: torch's backend options, which it deep-copies
@@ -268,6 +291,7 @@ def register() -> None:
         _registered = True
         return
     _after_import.after_import("torch.distributed._shard.sharded_tensor", _sharded_tensor_device)
+    _after_import.after_import("torch.distributed.nn.functional", _nn_functional_as_nccl)
     from zion_emu._C import dist as _dist
 
     _dist.ProcessGroupZion.options = property(_split_options, doc="torch's backend options, for split_group")
