@@ -312,6 +312,15 @@ def _sharded_worker(rank: int, nprocs: int, store: str, ckpt: str, out: str) -> 
     loaded = sharded_tensor.zeros(spec, 4, 3)
     dcp.load({"table": loaded}, checkpoint_id=ckpt)
     result = {"device": str(loaded.device), "shards": [s.tensor.cpu().tolist() for s in loaded.local_shards()]}
+    # ShardedTensor.to, as on NCCL with CUDA: "zion" is the current device
+    # (the tensor itself, already there), and a rank with no shard starts
+    # from zion's current device (torch asked torch.cuda).
+    result["to zion is itself"] = loaded.to("zion") is loaded
+    wide = loaded.to(torch.float64)
+    result["float64"] = [str(wide.dtype), str(wide.device), [s.tensor.dtype == torch.float64 and s.tensor.cpu().tolist()
+                                                             for s in wide.local_shards()]]
+    placements = {str(m.placement.device()) for m in wide.metadata().shards_metadata}
+    result["float64 placements"] = sorted(placements)
     with open(out.format(rank=rank), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -319,15 +328,18 @@ def _sharded_worker(rank: int, nprocs: int, store: str, ckpt: str, out: str) -> 
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(120)
-def test_a_sharded_tensor_with_no_shard_on_a_rank_saves_and_loads(tmp_path):
+def test_a_sharded_tensor_with_no_shard_on_a_rank_saves_loads_and_moves(tmp_path):
     # ShardedTensor.device on a rank with no shard asked torch.cuda.current_device() on any group but gloo, so
     # loading a torchrec model whose table lives on another rank failed natively ("Torch not compiled with CUDA").
     out = str(tmp_path / "rank{rank}.json")
     spawn(_sharded_worker, 2, tmp_path, str(tmp_path / "dcp"), out, timeout_s=RUN_TIMEOUT_S)
     first, second = (json.loads(Path(out.format(rank=r)).read_text()) for r in range(2))
-    assert first == {"device": "zion:0", "shards": [[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0],
-                                                     [9.0, 10.0, 11.0]]]}
-    assert second == {"device": "zion:1", "shards": []}  # its own current device, as on NCCL CUDA's
+    rows = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 10.0, 11.0]]
+    assert first == {"device": "zion:0", "shards": [rows], "to zion is itself": True,
+                     "float64": ["torch.float64", "zion:0", [rows]], "float64 placements": ["zion:0"]}
+    # Its own current device, as on NCCL CUDA's (torch moves every placement to the calling rank's device).
+    assert second == {"device": "zion:1", "shards": [], "to zion is itself": True,
+                      "float64": ["torch.float64", "zion:1", []], "float64 placements": ["zion:1"]}
 
 
 if __name__ == "__main__":

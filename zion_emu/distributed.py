@@ -55,6 +55,7 @@ an error).
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from dataclasses import dataclass
@@ -239,12 +240,61 @@ def _sharded_tensor_device(sharded_tensor: ModuleType) -> None:
 
     def device(types: Any, args: Any = (), kwargs: Any = None, pg: Any = None) -> torch.device:
         st = args[0] if args else None
-        if st is not None and not getattr(st, "_local_shards", True) and pg is not None \
-                and dist.get_backend(pg) == BACKEND:  # pg._get_backend_name() says "custom"
+        if st is not None and not getattr(st, "_local_shards", True) \
+                and _on_zion_group(pg):  # pg._get_backend_name() says "custom"
             return torch.device(BACKEND, torch.zion.current_device())
         return torchs(types, args, kwargs, pg)
 
     ops[get] = device
+    _sharded_tensor_to(sharded_tensor.ShardedTensor)
+
+
+def _on_zion_group(pg: Any) -> bool:
+    return pg is not None and dist.get_backend(pg) == BACKEND
+
+
+def _sharded_tensor_to(cls: type) -> None:
+    """``ShardedTensor.to`` on a zion group, as torch runs it on an NCCL group
+    with zion for CUDA: a device named without an index (``"zion"``) is the
+    current zion device, as torch takes ``"cuda"``, and a rank that holds no
+    shard starts from zion's current device where torch asks
+    ``torch.cuda.current_device()``. Such a rank has no tensor to move: it
+    takes the result's dtype and device from ``Tensor.to`` on an empty
+    tensor of its own, and makes the result from the new metadata as torch
+    does on the ranks that hold shards."""
+    torchs = cls.to
+
+    def current(device: Any) -> Any:
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device) and device.type == BACKEND and device.index is None:
+            return torch.device(BACKEND, torch.zion.current_device())
+        return device
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _on_zion_group(self._process_group):
+            return torchs(self, *args, **kwargs)
+        args = tuple(current(a) for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = current(kwargs["device"])
+        if self._local_shards:
+            return torchs(self, *args, **kwargs)
+        here = torch.device(BACKEND, torch.zion.current_device())
+        process_group = kwargs.pop("process_group", None)
+        copy_tensor = kwargs.get("copy", False)
+        target = torch.empty(0, dtype=self.dtype, device=here).to(*args, **kwargs)
+        if not copy_tensor and target.dtype == self.dtype and target.device == here:
+            return self
+        metadata = copy.deepcopy(self.metadata())
+        metadata.tensor_properties.dtype = target.dtype
+        for shard in metadata.shards_metadata:
+            shard.placement._device = target.device
+        return cls._init_from_local_shards_and_global_metadata(
+            [], sharded_tensor_metadata=metadata, process_group=process_group or self._process_group,
+            init_rrefs=self._init_rrefs)
+
+    to.__doc__ = torchs.__doc__
+    cls.to = to
 
 
 class _DistAsNccl(ModuleType):
