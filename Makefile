@@ -2,7 +2,7 @@
 PYTHON ?= python3
 STAMP := build/.installed
 
-.PHONY: install demo tour test bench clean sanitize sanitize-build system-deps
+.PHONY: install demo tour test bench clean sanitize sanitize-native sanitize-build system-deps
 
 # Installs the Python dependencies and builds the extension in place.
 # requirements-torchrec.txt goes in with --no-deps: its packages would pull
@@ -54,8 +54,14 @@ demo: $(STAMP)
 tour: $(STAMP)
 	$(PYTHON) -m zion_emu tour
 
+# The suite runs on pytest-xdist workers, one per core up to 4 (each test
+# may start up to 8 ranks of a few hundred MB), a test file on one worker in
+# its own order (--dist loadfile). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: system-deps $(STAMP)
-	$(PYTHON) -m pytest -q python_tests
+	$(PYTHON) -m pytest -q $(PYTEST_WORKERS) python_tests
 
 bench: system-deps $(STAMP)
 	$(PYTHON) bench/run_all.py --build
@@ -89,7 +95,25 @@ sanitize: sanitize-build
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ZION_BUILD_DIR=$(abspath $(ASAN_BUILD_DIR))/cmake ZION_EMU_NATIVE_DIR=$(abspath $(ASAN_PKG)) \
-		$(PYTHON) -m pytest -q -p no:cacheprovider --first-case-of-slow $(SANITIZE_TESTS)
+		$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) --first-case-of-slow $(SANITIZE_TESTS)
+
+# What CI runs sanitized: the tests that drive the native core themselves, in
+# pytest's process or in ranks they start: the device, its ops and copies,
+# the allocator and memory history, timing-only tensors, every OpInfo op
+# through the fallback, threads, the profiler, the model's formulas and
+# loaders (fuzzed), the c10d backend and its handshakes, the C++ API, and
+# loading another native core. The end-to-end runs (the launcher, sweeps,
+# the DLRM and torchrec examples, checkpoints, the CLI and its reports) reach
+# the same native code through these paths, and cost most of the suite's time.
+# The files that start ranks come first, so that the workers share them.
+NATIVE_TESTS = $(addprefix python_tests/test_,$(addsuffix .py,\
+	distributed distributed_handshake distributed_ops cpp_api data_parallel nccl_tuning timing_mode stress threads \
+	opinfo device device_api copies sparse tensor_metadata fallback_arguments pricing_cache backward_thread \
+	memory_snapshot memory_summary serialization autocast comm profiler \
+	op_cost collectives link_model astra platform fuzz bad_input_api native_dir))
+
+sanitize-native: SANITIZE_TESTS = $(NATIVE_TESTS)
+sanitize-native: sanitize
 
 clean:
 	rm -rf build zion_emu/_C*.so zion_emu/libzion_emu.so
