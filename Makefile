@@ -75,13 +75,14 @@ bench: system-deps $(STAMP)
 # report anywhere, in pytest or a process a test starts, fails the run. Every
 # test function runs; of a slow one parametrized several ways (the same
 # end-to-end run on other configs), only its first slow case
-# (--first-case-of-slow, python_tests/conftest.py), so that both halves of CI
-# fit its 90 minutes on two cores.
+# (--first-case-of-slow, python_tests/conftest.py). CI runs sanitize-native
+# (below), a part of the suite, so that it fits its 90 minutes on two cores.
 ASAN_BUILD_DIR ?= build/asan
 SANITIZE_TESTS ?= python_tests
 ASAN_PKG = $(ASAN_BUILD_DIR)/pkg/zion_emu
 
-# sanitize-build is the build alone: CI compiles it while `make test` runs.
+# sanitize-build is the build alone (its own pip installs, so `make sanitize`
+# on a fresh clone does not also build the regular extension).
 sanitize-build: system-deps
 	$(PYTHON) -m pip install -q -r requirements.txt
 	$(PYTHON) -m pip install -q --no-deps -r requirements-torchrec.txt
