@@ -114,7 +114,8 @@ NATIVE_TESTS = $(addprefix python_tests/test_,$(addsuffix .py,\
 	op_cost collectives link_model astra platform fuzz bad_input_api native_dir))
 
 # Of those, CI sanitizes the quick tests (not marked slow): the slow ones,
-# end-to-end runs of 2-8 ranks, the C++ programs and the bench tables, took
+# end-to-end runs of 2-8 ranks, the C++ programs (all of test_cpp_api.py)
+# and the bench tables, took
 # 953 of the 2,193 test-seconds sanitized, and CI must end in 90 minutes.
 # make sanitize runs them all (every slow test function by its first case).
 sanitize-native: SANITIZE_TESTS = $(NATIVE_TESTS)
