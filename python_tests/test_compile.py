@@ -590,3 +590,18 @@ def test_a_compiled_optimizer_step_runs_op_by_op_as_its_eager_step_and_costs_the
     assert all(torch.equal(c, e) for c, e in zip(compiled_params, eager_params))
     assert compiled_times == pytest.approx(eager_times)
     assert "tensor attribute" in zion_emu.inductor.fallbacks()[-1]
+
+
+def test_importing_zion_emu_leaves_dynamo_unimported_and_importing_dynamo_installs_the_graph_break():
+    # torch._dynamo costs seconds to import (about 3 s of each rank's start on 2 cores); zion_emu marks its
+    # batched copies for dynamo only once something imports it. Unmarked, this compile fails on fake tensors.
+    from processes import run_python
+
+    done = run_python("""
+        import sys, torch, zion_emu
+        print("torch._dynamo" in sys.modules)
+        x = torch.arange(4.0, device="zion")
+        y = torch.compile(lambda t: torch.zion.comm.broadcast(t, [0, 1])[1] * 2, backend="eager")(x)
+        print(y.device, y.tolist())
+    """, timeout_s=300)
+    assert done.stdout.splitlines() == ["False", "zion:1 [0.0, 2.0, 4.0, 6.0]"], done.stdout + done.stderr

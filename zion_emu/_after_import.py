@@ -19,16 +19,20 @@ from types import ModuleType
 from typing import Any, Callable
 
 _lock = threading.Lock()
-_pending: dict[str, Callable[[ModuleType], None]] = {}
+_pending: dict[str, list[Callable[[ModuleType], None]]] = {}
+_registered: set[tuple[str, Callable[[ModuleType], None]]] = set()
 _done: set[str] = set()
 
 
 def after_import(name: str, fn: Callable[[ModuleType], None]) -> None:
-    """Calls ``fn(module)`` once ``name`` is imported (now, if it already is)."""
+    """Calls ``fn(module)`` once ``name`` is imported (now, if it already is).
+    Several functions may wait for one module; registering the same one again
+    does nothing."""
     with _lock:
-        if name in _done:
+        if (name, fn) in _registered:
             return
-        _pending[name] = fn
+        _registered.add((name, fn))
+        _pending.setdefault(name, []).append(fn)
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
     module = sys.modules.get(name)
@@ -50,11 +54,12 @@ def _initializing(module: ModuleType) -> bool:
 
 def _run(name: str, module: ModuleType) -> None:
     with _lock:
-        fn = _pending.pop(name, None)
-        if fn is None:
+        fns = _pending.pop(name, [])
+        if not fns:
             return
         _done.add(name)
-    fn(module)
+    for fn in fns:
+        fn(module)
 
 
 class _Loader(importlib.abc.Loader):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from types import ModuleType
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -34,6 +35,8 @@ from torch._utils import (
     _take_tensors,
     _unflatten_dense_tensors,
 )
+
+from zion_emu import _after_import
 
 __all__ = ["broadcast", "broadcast_coalesced", "gather", "install", "reduce_add", "reduce_add_coalesced", "scatter"]
 
@@ -64,14 +67,23 @@ def _stream_id(stream: torch.Stream | None, device: int, i: int) -> int:
     return int(stream.stream_id)
 
 
-# torch.compile breaks the graph here, as at torch.cuda.comm's C functions:
-# the copies run eagerly between the compiled parts (traced, the op would
-# reach the data pointers of fake tensors).
-@torch._dynamo.disable
 def _copy_batch(srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], streams: Sequence[int] = ()) -> None:
     """srcs[i] -> dsts[i] (zion to zion), issued at once (fair share of links)."""
     if srcs:
         torch.ops.zion.copy_batch(list(srcs), list(dsts), list(streams))
+
+
+def _break_the_graph_at_copies(dynamo: ModuleType) -> None:
+    """torch.compile breaks the graph at the batched copies, as at
+    torch.cuda.comm's C functions: they run eagerly between the compiled parts
+    (traced, the op would reach the data pointers of fake tensors). Installed
+    when torch._dynamo is imported, not by importing it: that costs seconds,
+    which a process that never compiles should not pay."""
+    global _copy_batch
+    _copy_batch = dynamo.disable(_copy_batch)
+
+
+_after_import.after_import("torch._dynamo", _break_the_graph_at_copies)
 
 
 def _copy_into(src: torch.Tensor, dsts: Sequence[torch.Tensor], streams: Sequence[int] = ()) -> None:
