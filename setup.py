@@ -73,7 +73,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "numpy", "pyyaml"],
     entry_points={
-        "console_scripts": ["zion-emu=zion_emu.__main__:main"],
+        "console_scripts": ["zion-emu=zion_emu.__main__:program"],
         # torch imports these on a bare `import torch` (device backend autoload).
         "torch.backends": ["zion = zion_emu:_autoload"],
     },

@@ -5,6 +5,7 @@ zion preset numbers used below: socket 0 -> PCIe switch 0 is Gen3 x16
 connected; launch overhead 5 us.
 """
 
+import gc
 import json
 import os
 import re
@@ -226,6 +227,30 @@ def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rank_freezes_what_was_imported_and_still_collects_the_scripts_cycles(tmp_path, capsys):
+    # Before the script a rank takes torch's and zion's import-time objects out of the cyclic collector's passes
+    # (its exit then takes about a second less); the script's own cyclic garbage is collected as ever.
+    script = write(tmp_path, "gc_probe.py", """
+        import gc, weakref
+        class Node:
+            pass
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        alive = weakref.ref(a)
+        del a, b
+        gc.collect()
+        print("frozen", gc.get_freeze_count(), "cycle collected", alive() is None)
+    """)
+    out = zion_emu_cli("run", "--quiet-report", str(script), timeout_s=240).stdout
+    frozen, collected = re.search(r"frozen (\d+) cycle collected (\w+)", out).groups()
+    assert int(frozen) > 50_000 and collected == "True", out
+    # main() run in a caller's process freezes nothing there: it would keep that process's garbage for good.
+    before = gc.get_freeze_count()
+    assert main(["run", "--help"]) == 0
+    assert gc.get_freeze_count() == before
+    capsys.readouterr()
+
+
 def test_interrupted_run_still_writes_the_partial_report(tmp_path):
     script = write(tmp_path, "loop.py", """
         import os, signal, torch

@@ -122,6 +122,11 @@ def main(argv: list[str]) -> int:
     # torchrun stops the other ranks with SIGTERM when one fails: each writes
     # its partial report, as on a Ctrl-C, rather than dying without one.
     signal.signal(signal.SIGTERM, raise_terminated)
+    # What exists now (torch's and zion's modules, hundreds of thousands of
+    # objects) lives as long as the process: out of the cyclic collector's
+    # passes, the collection below and the interpreter's exit take about a
+    # second less on 2 cores. The script's own objects are collected as ever.
+    gc.freeze()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
