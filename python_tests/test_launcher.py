@@ -227,9 +227,10 @@ def test_a_two_rank_ddp_run_prints_no_launcher_or_ddp_warnings(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rank_freezes_what_was_imported_and_still_collects_the_scripts_cycles(tmp_path, capsys):
-    # Before the script a rank takes torch's and zion's import-time objects out of the cyclic collector's passes
-    # (its exit then takes about a second less); the script's own cyclic garbage is collected as ever.
+def test_two_ranks_freeze_their_imports_collect_the_scripts_cycles_and_leave_no_temporary_files(tmp_path, capsys):
+    # Before the script each rank takes torch's and zion's import-time objects out of the cyclic collector's passes
+    # (its exit then takes about a second less); the script's own cyclic garbage is collected as ever. The run's
+    # folder and torchrun's own (its ranks' error files, torchelastic_* by default) go when it ends.
     script = write(tmp_path, "gc_probe.py", """
         import gc, weakref
         class Node:
@@ -241,9 +242,13 @@ def test_a_rank_freezes_what_was_imported_and_still_collects_the_scripts_cycles(
         gc.collect()
         print("frozen", gc.get_freeze_count(), "cycle collected", alive() is None)
     """)
-    out = zion_emu_cli("run", "--quiet-report", str(script), timeout_s=240).stdout
-    frozen, collected = re.search(r"frozen (\d+) cycle collected (\w+)", out).groups()
-    assert int(frozen) > 50_000 and collected == "True", out
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    out = zion_emu_cli("run", "--nproc", "2", "--quiet-report", str(script), timeout_s=240,
+                       env=child_env(TMPDIR=str(temporary))).stdout
+    probes = re.findall(r"frozen (\d+) cycle collected (\w+)", out)
+    assert len(probes) == 2 and all(int(frozen) > 50_000 and collected == "True" for frozen, collected in probes), out
+    assert list(temporary.iterdir()) == []
     # main() run in a caller's process freezes nothing there: it would keep that process's garbage for good.
     before = gc.get_freeze_count()
     assert main(["run", "--help"]) == 0

@@ -299,9 +299,13 @@ def command(args: argparse.Namespace, run_dir: Path, world: World | None = None)
     nproc, nnodes, node_rank = (len(world.ranks), 1, 0) if world else (_nproc(args), args.nnodes, args.node_rank)
     if world is None and nproc == 1 and nnodes == 1:
         return rank_main
+    # --log-dir: torchrun's own files (each rank's error file) go into the run's
+    # folder, removed after the run, not into a torchelastic_* folder of
+    # their own left in the temporary directory.
     return [sys.executable, "-m", "zion_emu.cli.agent", f"--nproc-per-node={nproc}",
             f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={args.master_addr}",
             f"--master-port={args.master_port or _free_port()}", "--redirects=0", "--tee=0",
+            f"--log-dir={run_dir / 'torchelastic'}",
             "-m", "zion_emu.launch", args.script, *args.script_args]
 
 
