@@ -151,6 +151,11 @@ def test_no_rank_outlives_a_zion_emu_run_killed_with_sigkill(tmp_path: Path) -> 
         # zion-emu run -> torchrun's agent (a session of its own) -> the ranks (each in its own).
         agents = {ppid for _, ppid in ranks}
         assert len(agents) == 1 and agents != {proc.pid}
+        (agent,) = agents
+        # The agent is a fork of zion-emu run (torch is not imported a second time), in a session of its own.
+        assert int(Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid
+        assert os.getsid(agent) == agent
+        assert Path(f"/proc/{agent}/cmdline").read_bytes() == Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         everyone = [pid for pid, _ in ranks] + list(agents)
         try:
             assert all(alive(p) for p in everyone)
