@@ -354,8 +354,12 @@ class ForkedAgent:
 
     def __init__(self, argv: list[str], env: dict[str, str], stdout: Any) -> None:
         self.returncode: int | None = None
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # What this process has buffered is written once, here, not again by the agent.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # its reader has gone, or it is closed: nothing to write twice either
+                pass
         pid = os.fork()
         if pid == 0:  # the agent: never returns
             self._agent(argv, env, stdout)
