@@ -340,8 +340,7 @@ _AGENT = ("-m", "zion_emu.cli.agent")
 
 
 def _can_fork_agent(argv: list[str], stdout: Any) -> bool:
-    return (hasattr(os, "fork") and sys.platform.startswith("linux")
-            and threading.current_thread() is threading.main_thread()
+    return (sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
             and tuple(argv[1:1 + len(_AGENT)]) == _AGENT and stdout in (None, subprocess.DEVNULL))
 
 
