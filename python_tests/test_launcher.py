@@ -573,6 +573,30 @@ def test_output_files_are_written_when_the_reader_of_stdout_has_gone(tmp_path):
     assert "Traceback" not in err
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_run_started_with_stdout_or_stderr_closed_writes_its_report_and_exits_0(tmp_path, closed):
+    # `zion-emu run ... >&-`: flushing the closed stdout before forking
+    # torchrun's agent raised AttributeError on None; with stderr closed,
+    # the "wrote the report" line raised EBADF and the run exited 1.
+    script = write(tmp_path, "s.py", """
+        import torch
+        print((torch.ones(3, device="zion") * 2).sum().item())
+    """)
+    out = tmp_path / "r.json"
+    redirect = ">&-" if closed == "stdout" else "2>&-"
+    argv = ["bash", "-c", f'exec "$@" {redirect}', "bash",
+            PYTHON, "-m", "zion_emu", "run", "--nproc", "2", "--report", str(out), str(script)]
+    with started(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        printed, err = finish(proc, 120)
+    assert proc.returncode == 0, err
+    assert json.loads(out.read_text())["ranks"] == 2
+    if closed == "stdout":
+        assert "Traceback" not in err and "zion-emu: wrote the report" in err
+    else:
+        assert "== zion-emu report" in printed
+
 def test_a_scripts_own_options_are_never_read_as_abbreviations_of_runs(tmp_path):
     # `--n 2` was "ambiguous option: --n could match --nproc, --nnodes, --node-rank".
     script = write(tmp_path, "s.py", """

@@ -82,12 +82,30 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = stdout
 
 
+def _null_for_closed_streams() -> None:
+    """A process started with stdout or stderr closed (``>&-``, ``2>&-``)
+    gets /dev/null there: what it and the processes it starts (torchrun's
+    agent, the ranks) print goes nowhere, and the run still writes its files
+    and exits with its own code."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)  # the lowest free descriptor: fd itself when those below are open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w", closefd=False))
+
+
 def program() -> int:
     """``main`` as the process's own program (``python -m zion_emu``, the
     ``zion-emu`` script). What exists now (torch's and zion's modules) lives
     as long as the process: out of the cyclic collector's passes, its exit
     takes about a second less on 2 cores. Not in ``main``, which a caller's
     process may run: there it would keep that process's garbage for good."""
+    _null_for_closed_streams()
     gc.freeze()
     return main()
 
