@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import textwrap
 
 import pytest
@@ -86,7 +87,7 @@ def test_floats_have_no_host_bytes_and_integers_stay_real():
         h = torch.empty(4, dtype=torch.float16, device="zion")
         i = torch.arange(10, device="zion")
         b = i > 4
-        print(_C.device.is_storage_less(f), _C.device.is_storage_less(h), f.data_ptr() == 0)
+        print(_C.device.is_storage_less(f), _C.device.is_storage_less(h), f.data_ptr() != h.data_ptr())
         print(_C.device.is_storage_less(i), _C.device.is_storage_less(b), i.sum().item(), b.sum().item())
         print(torch.zion.memory_allocated(0) >= (1 << 30))
     """, "timing")
@@ -546,6 +547,113 @@ def test_printing_a_storage_less_tensor_shows_placeholders_on_its_device():
     reads = {(r["site"].rsplit(":", 1)[1], r["what"]) for r in json.loads(lines[4])}
     assert reads == {("4", "a copy to host memory (.cpu(), .tolist(), printing)"),
                      ("5", "a copy to host memory (.cpu(), .tolist(), printing)")}
+
+
+def test_storage_less_blocks_have_addresses_of_their_own_that_no_load_can_reach():
+    done = _run("""
+        import json, platform, torch, zion_emu
+        torch.zion.memory._record_memory_history()
+        x = torch.empty(1000, 1000, device="zion")
+        y = torch.empty(10, device="zion")
+        e = torch.empty(0, device="zion")
+        gone = torch.empty(1000, 1000, device="zion")
+        old = gone.data_ptr()
+        del gone
+        again = torch.empty(1000, 1000, device="zion")
+        print(json.dumps({
+            "x": x.data_ptr(), "y": y.data_ptr(), "e": e.untyped_storage().data_ptr(),
+            "x_storage": x.untyped_storage().data_ptr(), "x_row_10": x[10:].data_ptr(),
+            "reused": again.data_ptr() == old, "x86": platform.machine() in ("x86_64", "AMD64"),
+            "history": sorted(seg["address"] for seg in torch.zion.memory._snapshot()["segments"]),
+            "alive": sorted(t.untyped_storage().data_ptr() for t in (x, y, e, again)),
+            "storage_less": [zion_emu._C.device.is_storage_less(t) for t in (x, y, e, again)]}))
+    """, "timing")
+    r = _last_json(done.stdout)
+    assert r["storage_less"] == [True, True, True, True]
+    # A storage's data pointer is its tensors' base, as on a device, and every block has a range of its own.
+    assert r["x_storage"] == r["x"] and r["x_row_10"] == r["x"] + 10 * 1000 * 4
+    starts = sorted([(r["x"], 4_000_000), (r["y"], 40), (r["e"], 0)])
+    assert all(a + n <= b for (a, n), (b, _) in zip(starts, starts[1:])) and starts[0][0] != 0
+    assert not r["reused"]
+    # The memory history knows each block by the same address, as CUDA's does.
+    assert r["history"] == r["alive"]
+    assert all(a % 512 == 0 for a, _ in starts)
+    if r["x86"]:
+        assert all(a >= 1 << 57 for a, _ in starts)  # non-canonical: no mapping can ever be there
+    # A load from one faults, as from the null pointer such blocks had before: never a silent read.
+    read = _run("""
+        import ctypes, torch, zion_emu
+        x = torch.empty(1024, device="zion")
+        print("address", x.data_ptr(), flush=True)
+        ctypes.string_at(x.data_ptr(), 1)
+        print("read it")
+    """, "timing", check=False)
+    assert "address" in read.stdout and "read it" not in read.stdout
+    assert read.returncode in (-signal.SIGSEGV, -signal.SIGBUS), (read.returncode, read.stderr[-2000:])
+
+
+def test_torch_save_of_storage_less_tensors_writes_placeholders_and_names_the_call_site():
+    # torch.save reads each storage's data pointer (to tell storages apart),
+    # then copies it to the host: the copy reads placeholders, as .cpu() does.
+    done = _run("""
+        import io, json, torch, zion_emu
+        lin = torch.nn.Linear(8, 4, device="zion")
+        buf = io.BytesIO()
+        torch.save({"model": lin.state_dict(), "same": lin.weight}, buf)
+        buf.seek(0)
+        back = torch.load(buf)
+        print(json.dumps({"shapes": [list(back["model"]["weight"].shape), list(back["model"]["bias"].shape)],
+                          "zeros": bool((back["model"]["weight"].cpu() == 0).all()),
+                          "shared": back["same"].untyped_storage().data_ptr()
+                                    == back["model"]["weight"].untyped_storage().data_ptr(),
+                          "reads": zion_emu.placeholder_reads()}))
+    """, "timing")
+    r = _last_json(done.stdout)
+    assert r["shapes"] == [[4, 8], [4]] and r["zeros"] and r["shared"]
+    assert r["reads"] == [{"site": "<string>:5", "what": "a copy to host memory (.cpu(), .tolist(), printing)",
+                           "dtype": "Byte", "count": 2}]
+
+
+FSDP2_STEPS = """
+import json, sys, torch, torch.distributed as dist, zion_emu
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("zion")
+rank = dist.get_rank()
+torch.zion.set_device(rank)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to("zion")
+for layer in (model[0], model[2]):
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(16, 64, device="zion")).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+torch.zion.synchronize()
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as out:
+    json.dump({"rank": rank, "mode": zion_emu.mode(), "clock": zion_emu.clock(),
+               "peak": torch.zion.max_memory_allocated(rank)}, out)
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_runs_in_timing_only_mode_with_real_modes_modeled_time_and_peak_hbm(tmp_path):
+    # FSDP2 tells its shards apart by their storages' data pointers.
+    script = tmp_path / "fsdp2.py"
+    script.write_text(FSDP2_STEPS)
+    runs = {}
+    for mode in ("real", "timing"):
+        flags = ["--timing-only"] if mode == "timing" else []
+        out = tmp_path / mode
+        out.mkdir()
+        zion_emu_cli("run", "--nproc", "2", *flags, str(script), str(out), env=child_env(OMP_NUM_THREADS="1"))
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+        runs[mode] = [(r["rank"], r["mode"], r["clock"], r["peak"]) for r in ranks]
+    assert [r[1] for r in runs["timing"]] == ["timing", "timing"]
+    assert [r[0] for r in runs["real"]] == [0, 1]
+    assert [(r[0], r[2], r[3]) for r in runs["timing"]] == [(r[0], r[2], r[3]) for r in runs["real"]]
+    assert all(r[2] > 0 and r[3] > 0 for r in runs["real"])
 
 
 def test_initializing_and_loading_storage_less_parameters_is_charged_not_computed():

@@ -81,6 +81,10 @@ struct Allocation {
   void* ptr;            // our own bytes (alloc_cpu), or null
   c10::DataPtr adopted;  // bytes adopted from another allocator, freed by its deleter
   bool storage_less = false;  // accounted in the pool, backed by no host bytes (timing-only mode)
+  const void* address = nullptr;  // a storage-less block's address (storage_less_address)
+
+  // What the memory history and the profiler know the block by: its address.
+  const void* id() const { return storage_less ? address : ptr ? ptr : adopted.get(); }
 };
 
 std::atomic<int64_t> g_storage_less_bytes{0};  // of all pools: accounted, not backed
@@ -101,11 +105,11 @@ void delete_allocation(void* context) {
   if (a->storage_less) g_storage_less_bytes.fetch_sub(static_cast<int64_t>(a->nbytes), std::memory_order_relaxed);
   // Recorded before the bytes go back: a block allocated at the same address
   // by another thread then cannot be recorded before this free.
-  memory_history().freed(a->device, a->storage_less ? a : a->ptr ? a->ptr : a->adopted.get(), a->nbytes);
+  memory_history().freed(a->device, a->id(), a->nbytes);
   const c10::DeviceIndex device = a->device;
   const size_t nbytes = a->nbytes;
   void* ptr = a->ptr;
-  const void* id = a->storage_less ? a : a->ptr ? a->ptr : a->adopted.get();
+  const void* id = a->id();
   a->~Allocation();  // adopted bytes go back to their allocator
   allocator().release(device, ptr, nbytes, a);
   report_to_profiler(device, id, -static_cast<int64_t>(nbytes));
@@ -300,13 +304,37 @@ c10::DataPtr HbmAllocator::allocate(size_t nbytes) {
 
 c10::DataPtr HbmAllocator::allocate_storage_less(c10::DeviceIndex device, size_t nbytes) {
   runtime();
+  void* address = reinterpret_cast<void*>(storage_less_address(nbytes));
   void* bookkeeping = reserve_or_record_oom(device, nbytes, /*hold=*/false);
   g_storage_less_bytes.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
-  Allocation* allocation = make_allocation(bookkeeping, device, nbytes, nullptr, c10::DataPtr(), true);
-  // No bytes, so the memory history knows it by its bookkeeping's address.
-  memory_history().allocated(device, allocation, nbytes);
-  report_to_profiler(device, allocation, static_cast<int64_t>(nbytes));
-  return {nullptr, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
+  Allocation* allocation = make_allocation(bookkeeping, device, nbytes, nullptr, c10::DataPtr(), true, address);
+  memory_history().allocated(device, address, nbytes);
+  report_to_profiler(device, address, static_cast<int64_t>(nbytes));
+  return {address, allocation, &delete_allocation, c10::Device(c10::DeviceType::PrivateUse1, device)};
+}
+
+namespace {
+#if defined(__x86_64__) || defined(_M_X64)
+constexpr uintptr_t kStorageLessBase = uintptr_t{1} << 57;
+constexpr uintptr_t kStorageLessSpan = uintptr_t{1} << 62;
+#else
+constexpr uintptr_t kStorageLessBase = uintptr_t{1} << 55;
+constexpr uintptr_t kStorageLessSpan = uintptr_t{1} << 55;
+#endif
+constexpr uintptr_t kStorageLessAlignment = 512;
+std::atomic<uintptr_t> g_storage_less_next{0};  // bytes handed out so far, from kStorageLessBase
+}  // namespace
+
+uintptr_t storage_less_address(size_t nbytes) {
+  // At least one alignment unit, so that an empty block has an address of its own too.
+  const uintptr_t size = (std::max<uintptr_t>(nbytes, 1) + kStorageLessAlignment - 1) & ~(kStorageLessAlignment - 1);
+  TORCH_CHECK(nbytes < kStorageLessSpan, "zion timing-only: a storage-less block of ", nbytes,
+              " bytes is larger than the address range storage-less blocks take (", kStorageLessSpan, " bytes)");
+  const uintptr_t offset = g_storage_less_next.fetch_add(size, std::memory_order_relaxed);
+  TORCH_CHECK(offset <= kStorageLessSpan - size, "zion timing-only: this process has handed out ", offset,
+              " bytes of storage-less addresses, the whole range they take (", kStorageLessSpan,
+              " bytes; addresses are never reused, so that each names one storage); start a new process");
+  return kStorageLessBase + offset;
 }
 
 namespace {
@@ -421,8 +449,7 @@ bool timing_only() {
 bool is_storage_less(const c10::StorageImpl* s) {
   if (!s) return false;
   const c10::DataPtr& p = s->data_ptr();
-  return p.get() == nullptr && p.get_deleter() == &delete_allocation &&
-         static_cast<const Allocation*>(p.get_context())->storage_less;
+  return p.get_deleter() == &delete_allocation && static_cast<const Allocation*>(p.get_context())->storage_less;
 }
 
 namespace {

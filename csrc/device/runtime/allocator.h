@@ -50,7 +50,10 @@ class HbmAllocator final : public c10::DeviceAllocator {
   // freed and OutOfMemoryError raised.
   c10::DataPtr adopt(c10::DeviceIndex device, c10::DataPtr&& bytes, size_t nbytes);
   // Timing-only mode: accounts `nbytes` in the pool of `device` exactly as
-  // allocate() does, but backs them with no host bytes (the DataPtr is null).
+  // allocate() does, but backs them with no host bytes. The DataPtr's
+  // address is one no process can read (storage_less_address): it names the
+  // storage, as a device pointer does, for code that tells storages apart by
+  // their data pointers (torch.save, FSDP2, safetensors).
   c10::DataPtr allocate_storage_less(c10::DeviceIndex device, size_t nbytes);
   // Releases one allocation (called by the DataPtr deleter): frees `ptr`
   // (our own bytes, or null) and keeps `bookkeeping` (the raw storage of the
@@ -148,6 +151,15 @@ int64_t host_bytes_available();
 bool timing_only();
 // A storage whose bytes the pool accounts but no host memory backs.
 bool is_storage_less(const c10::StorageImpl* storage);
+// The address of a new storage-less block of `nbytes`: a range of its own
+// for the life of the process (addresses are never handed out twice),
+// 512-byte aligned as a CUDA block, and one that no load or store can reach:
+// on x86-64 a non-canonical address (from 2^57, outside the user space of
+// 4- and 5-level paging), elsewhere one with bit 55 set (on AArch64 the
+// kernel's half, whatever the top byte). A kernel that read it by mistake
+// would fault, as on the null pointer these blocks had before. Throws once
+// the range is used up (2^62 bytes on x86-64, 2^55 elsewhere).
+uintptr_t storage_less_address(size_t nbytes);
 inline bool is_storage_less(const c10::Storage& storage) { return is_storage_less(storage.unsafeGetStorageImpl()); }
 // The allocator of storage-less zion tensors (allocate_storage_less on the current device).
 c10::Allocator& storage_less_allocator();
