@@ -107,6 +107,37 @@ def test_a_training_step_is_priced_and_accounted_as_in_real_mode():
     assert (timing["peak"], timing["now"]) == (real["peak"], real["now"])
 
 
+STEP_ON_A_FINITE_LOSS = """
+import json, torch, zion_emu
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to("zion")
+opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+steps = 0
+for step in range(3):
+    loss = mlp(torch.randn(32, 13).to("zion")).square().mean()
+    loss.backward()
+    if torch.isfinite(loss):
+        opt.step()
+        steps += 1
+    opt.zero_grad()
+out = {"steps": steps, "nan": bool(torch.isnan(loss)), "inf": bool(torch.isinf(loss)),
+       "reads": zion_emu.placeholder_reads()}
+""" + _REPORT_OUT
+
+
+def test_a_loop_that_steps_on_a_finite_loss_steps_as_in_real_mode():
+    # The host reads a storage-less loss as 0.0: finite, not NaN, not infinite.
+    real = _last_json(_run(STEP_ON_A_FINITE_LOSS, "real").stdout)
+    timing = _last_json(_run(STEP_ON_A_FINITE_LOSS, "timing").stdout)
+    assert real["steps"] == timing["steps"] == 3
+    assert (timing["nan"], timing["inf"]) == (real["nan"], real["inf"]) == (False, False)
+    assert (timing["priced"], timing["peak"]) == (real["priced"], real["peak"])
+    assert timing["clock"] == pytest.approx(real["clock"], rel=1e-9)
+    assert real["reads"] == []
+    assert [(r["site"], r["what"], r["count"]) for r in timing["reads"]] == [
+        ("<string>:10", "isfinite()", 3), ("<string>:14", "item()", 2)]
+
+
 def test_ops_whose_meta_kernels_are_python_take_the_cpu_kernels_shapes_and_prices():
     # relu and log_sigmoid_forward (in binary_cross_entropy_with_logits) have
     # C++ shape rules in timing-only mode; their results must be real mode's,

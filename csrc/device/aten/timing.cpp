@@ -6,11 +6,14 @@
 #include <ATen/ops/count_nonzero.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/isfinite_native.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/library.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -832,5 +835,35 @@ void reset_placeholder_reads() {
 }
 
 void set_call_site_reader(std::string (*reader)()) { placeholders().call_site = reader; }
+
+namespace {
+
+// The host reads a storage-less float as 0, and 0 is finite: isfinite() of
+// storage-less values reads true, as it does on the placeholder (and on the
+// values of a run that has not diverged), so a loop that steps only on a
+// finite loss steps in timing-only mode too. The op is torch's composite as
+// everywhere (the same ops, priced as in real mode); in timing-only mode its
+// storage-less bool result then becomes a real one, all true, counted as a
+// placeholder read at the call site. isnan() and isinf() read false, as on 0,
+// without this. A result too large to stay real stays storage-less.
+at::Tensor isfinite(const at::Tensor& self) {
+  at::Tensor out = at::native::isfinite(self);
+  if (!timing_only() || !is_storage_less(self) || !is_storage_less(out) || !covers_storage(out)) return out;
+  c10::StorageImpl* impl = out.storage().unsafeGetStorageImpl();
+  const size_t nbytes = impl->nbytes();
+  if (!stays_real(c10::kBool, nbytes)) return out;
+  record_placeholder_read(self, "isfinite()");
+  c10::DeviceGuard guard(out.device());
+  impl->set_data_ptr(c10::DataPtr(nullptr, impl->device())).clear();  // the storage-less block leaves the pool first
+  c10::DataPtr real = allocator().allocate(nbytes);
+  std::memset(real.get(), 1, nbytes);  // true
+  impl->set_data_ptr_noswap(std::move(real));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("isfinite", &isfinite); }
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { m.impl("isfinite", &isfinite); }
 
 }  // namespace zion::device
