@@ -21,6 +21,7 @@ import torch.distributed as dist
 import zion_emu
 from zion_emu import distributed as zd
 from zion_emu import sim
+from processes import run_python
 from test_distributed import _Clock, _data, _init, _last, _spawn
 
 F32 = 4
@@ -526,3 +527,44 @@ def _mismatch_and_polling_worker(rank: int, nprocs: int, store: str) -> None:
 @pytest.mark.multiproc
 def test_a_size_mismatch_is_the_works_error_and_is_completed_follows_the_modeled_clock(tmp_path):
     _spawn(_mismatch_and_polling_worker, 2, tmp_path)
+
+
+def test_a_group_let_go_with_the_gil_held_does_not_wait_forever_on_its_gloo_worker():
+    # gloo's destructor joins its workers; a worker dropping a finished work
+    # lets go of tensors whose Python objects outlived Python's references,
+    # which takes the GIL. A group whose last reference goes from Python (DDP's
+    # reducer collected at the end of a script) hung there. Here rank 0's
+    # worker is still in an all_gather when its group goes, and rank 1 (a
+    # Python thread, which needs the GIL) joins a second later.
+    done = run_python("""
+        import datetime, threading, time, torch, torch.distributed as dist, zion_emu
+        from zion_emu._C import dist as zdist
+
+        store = dist.HashStore()
+        gloo, zion = [None, None], [None, None]
+
+        def make(rank):
+            gloo[rank] = dist.ProcessGroupGloo(dist.PrefixStore("zion/gloo/", store), rank, 2, datetime.timedelta(seconds=30))
+            zion[rank] = zdist.ProcessGroupZion(store, gloo[rank], rank, 2, global_rank=rank, local_rank=rank)
+
+        makers = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+        for t in makers: t.start()
+        for t in makers: t.join()
+
+        base = torch.zeros(8)
+        work = gloo[0].allgather([[base[:4], base[4:]]], [torch.ones(4)])   # waits for rank 1
+        del work, base                 # the work alone holds its tensors
+        last = zion[0]
+        zion[0] = gloo[0] = None       # `last` alone holds rank 0's group, and the group its gloo
+
+        def rank_1_joins():
+            time.sleep(1.0)
+            gloo[1].allgather([[torch.zeros(4), torch.zeros(4)]], [torch.ones(4)]).wait()
+
+        threading.Thread(target=rank_1_joins, daemon=True).start()
+        start = time.monotonic()
+        del last                       # with the GIL held
+        print("let go after", time.monotonic() - start)
+    """, timeout_s=60)
+    # It let go once rank 1 had joined and the worker had finished, not before.
+    assert float(done.stdout.split("let go after")[1]) >= 0.9

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <stdexcept>
 
@@ -63,6 +64,27 @@ bool uneven(const std::vector<int64_t>& counts) {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<WithoutGil> g_without_gil{nullptr};
+}  // namespace
+
+void set_without_gil(WithoutGil without_gil) { g_without_gil.store(without_gil); }
+
+// gloo's destructor waits for its queued work and joins its worker threads.
+// A worker that has just finished a work then drops it, and with it the last
+// reference to any tensor of it whose Python object outlived Python's own
+// references (torch keeps such an object alive from C++): letting that
+// object go takes the GIL. When the group's last reference goes from Python
+// (DDP's reducer collected at the end of a script, holding the GIL), the
+// join would wait for a worker that waits for the GIL: the process hung at
+// exit. So gloo goes with the GIL released; the other members go as usual.
+ProcessGroupZion::~ProcessGroupZion() {
+  WithoutGil without_gil = g_without_gil.load();
+  if (without_gil && gloo_) {
+    without_gil([](void* self) { static_cast<ProcessGroupZion*>(self)->gloo_.reset(); }, this);
+  }
+}
 
 ProcessGroupZion::ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank,
                                    int size, Options options)

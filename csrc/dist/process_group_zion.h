@@ -83,6 +83,12 @@ struct TransferEnd {
   double bytes = 0;
 };
 
+// Runs f(arg) with the calling thread's Python GIL released, if the thread
+// holds it. The Python module (zion_emu._C) sets it; in a C++ program
+// without Python it stays unset, and f simply runs.
+using WithoutGil = void (*)(void (*f)(void*), void* arg);
+void set_without_gil(WithoutGil without_gil);
+
 class ProcessGroupZion : public c10d::Backend {
  public:
   struct Options {
@@ -110,6 +116,8 @@ class ProcessGroupZion : public c10d::Backend {
 
   ProcessGroupZion(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
                    Options options);
+  // Lets the inner gloo backend go with the GIL released (see the definition).
+  ~ProcessGroupZion() override;
 
   const std::string getBackendName() const override { return "zion"; }
 

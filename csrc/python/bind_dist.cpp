@@ -40,9 +40,26 @@ py::dict record_dict(const zion::dist::CommRecord& r) {
   return d;
 }
 
+// Runs f(arg) with the GIL released when this thread holds it; not while
+// the interpreter finalizes, when a thread that takes the GIL is stopped.
+void run_without_gil(void (*f)(void*), void* arg) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (Py_IsInitialized() && !finalizing && PyGILState_Check()) {
+    py::gil_scoped_release released;
+    f(arg);
+    return;
+  }
+  f(arg);
+}
+
 }  // namespace
 
 void bind_dist(py::module_& m) {
+  zion::dist::set_without_gil(&run_without_gil);
   // torch.distributed's Backend type must be registered before ours derives
   // from it (`import torch` has imported it already; this makes it certain).
   py::module_::import("torch.distributed");
@@ -79,6 +96,8 @@ void bind_dist(py::module_& m) {
            py::arg("local_rank") = -1, py::arg("node_rank") = -1, py::arg("algorithm") = "auto", py::arg("link_model") = "fair",
            py::arg("present") = std::vector<int>{}, py::arg("global_ranks") = std::vector<int>{}, py::arg("timeout_s") = 1800.0,
            py::arg("split") = py::none(),
+           // Joining the ranks waits for the others: other Python threads of this process run meanwhile.
+           py::call_guard<py::gil_scoped_release>(),
            "`gloo` holds the present ranks alone when `present` (group ranks that run as processes) leaves some out; "
            "`global_ranks` (group rank -> global rank) places the absent ones; `timeout_s` bounds a handshake through "
            "shared memory (ZION_HANDSHAKE=gloo, or ranks on different hosts: through gloo, with gloo's timeout); "
