@@ -326,10 +326,10 @@ std::atomic<uintptr_t> g_storage_less_next{0};  // bytes handed out so far, from
 }  // namespace
 
 uintptr_t storage_less_address(size_t nbytes) {
-  // At least one alignment unit, so that an empty block has an address of its own too.
-  const uintptr_t size = (std::max<uintptr_t>(nbytes, 1) + kStorageLessAlignment - 1) & ~(kStorageLessAlignment - 1);
   TORCH_CHECK(nbytes < kStorageLessSpan, "zion timing-only: a storage-less block of ", nbytes,
               " bytes is larger than the address range storage-less blocks take (", kStorageLessSpan, " bytes)");
+  // At least one alignment unit, so that an empty block has an address of its own too.
+  const uintptr_t size = (std::max<uintptr_t>(nbytes, 1) + kStorageLessAlignment - 1) & ~(kStorageLessAlignment - 1);
   const uintptr_t offset = g_storage_less_next.fetch_add(size, std::memory_order_relaxed);
   TORCH_CHECK(offset <= kStorageLessSpan - size, "zion timing-only: this process has handed out ", offset,
               " bytes of storage-less addresses, the whole range they take (", kStorageLessSpan,

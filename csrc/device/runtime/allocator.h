@@ -151,6 +151,7 @@ int64_t host_bytes_available();
 bool timing_only();
 // A storage whose bytes the pool accounts but no host memory backs.
 bool is_storage_less(const c10::StorageImpl* storage);
+inline bool is_storage_less(const c10::Storage& storage) { return is_storage_less(storage.unsafeGetStorageImpl()); }
 // The address of a new storage-less block of `nbytes`: a range of its own
 // for the life of the process (addresses are never handed out twice),
 // 512-byte aligned as a CUDA block, and one that no load or store can reach:
@@ -160,7 +161,6 @@ bool is_storage_less(const c10::StorageImpl* storage);
 // would fault, as on the null pointer these blocks had before. Throws once
 // the range is used up (2^62 bytes on x86-64, 2^55 elsewhere).
 uintptr_t storage_less_address(size_t nbytes);
-inline bool is_storage_less(const c10::Storage& storage) { return is_storage_less(storage.unsafeGetStorageImpl()); }
 // The allocator of storage-less zion tensors (allocate_storage_less on the current device).
 c10::Allocator& storage_less_allocator();
 
